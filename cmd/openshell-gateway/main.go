@@ -1,0 +1,21 @@
+// Command openshell-gateway is a thin wrapper around gateway.Run.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/openshell-go/openshell/internal/gateway"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := gateway.Run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintf(os.Stderr, "openshell-gateway: %v\n", err)
+		os.Exit(gateway.ExitCode(err))
+	}
+}

@@ -1,0 +1,36 @@
+// Package gateway is the openshell-gateway program: flag parsing, wiring of
+// configuration, store, compute driver and server, and the process lifecycle.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/openshell-go/openshell/internal/version"
+)
+
+// Run runs openshell-gateway with args (without the program name).
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("openshell-gateway", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *showVersion {
+		fmt.Fprintf(stdout, "openshell-gateway %s\n", version.Version)
+		return nil
+	}
+	return errors.New("serving is not implemented yet")
+}
+
+// ExitCode maps an error returned by Run to a process exit code.
+func ExitCode(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	return 1
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs every test in the repository. Starts the real components the
+# integration suites need (PostgreSQL, ...) and stops them afterwards. Under
+# CI=true a component that cannot start fails the run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root="$PWD"
+
+cleanup=()
+on_exit() { for ((i=${#cleanup[@]}-1; i>=0; i--)); do eval "${cleanup[i]}" || true; done; }
+trap on_exit EXIT
+
+need() { # need NAME CMD... : start a component; fail under CI, warn otherwise
+  local name="$1"; shift
+  if ! "$@"; then
+    if [ "${CI:-}" = "true" ]; then echo "test: $name could not start (CI=true)" >&2; exit 1; fi
+    echo "test: $name could not start; its suites will skip" >&2
+    return 1
+  fi
+}
+
+start_postgres() {
+  local out
+  out="$("$root/test/postgres/start.sh")" || return 1
+  eval "$out"
+  cleanup+=("'$root/test/postgres/stop.sh' '$OPENSHELL_TEST_POSTGRES_DIR'")
+}
+need postgres start_postgres || true
+
+# Binaries for end-to-end suites.
+export OPENSHELL_TEST_BIN_DIR="$root/bin"
+
+race=()
+[ "${CI:-}" = "true" ] && race=(-race)
+go test "${race[@]}" -count=1 -timeout 45m ./... "$@"
