@@ -1,0 +1,260 @@
+// Package sandboxjwt mints and verifies the gateway's sandbox identity
+// tokens: Ed25519 (EdDSA) JWTs whose subject is
+// spiffe://openshell/sandbox/<id> and whose issuer and audience are
+// openshell-gateway:<gateway_id>. An exp of 0 means the token never
+// expires. Several verification keys can be active at once (rotation),
+// selected by the kid header.
+package sandboxjwt
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
+
+	"github.com/openshell-go/openshell/internal/auth"
+	"github.com/openshell-go/openshell/internal/errdefs"
+)
+
+// ExtensionTokenType is the typ header of extension credentials, which
+// never authenticate to the gateway.
+const ExtensionTokenType = "openshell-ext+jwt"
+
+// SubjectPrefix prefixes the sandbox id in the sub claim.
+const SubjectPrefix = "spiffe://openshell/sandbox/"
+
+// Leeway is the clock skew tolerated on iat/exp.
+const Leeway = 60 * time.Second
+
+// Audience returns the iss/aud value for gatewayID.
+func Audience(gatewayID string) string { return "openshell-gateway:" + gatewayID }
+
+// KeyID returns the kid of pub: the hex of the first 16 bytes of the
+// SHA-256 of its PKIX DER encoding.
+func KeyID(pub ed25519.PublicKey) (string, error) {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return "", fmt.Errorf("encode public key: %w", err)
+	}
+	sum := sha256.Sum256(der)
+	return hex.EncodeToString(sum[:16]), nil
+}
+
+// Claims are the claims of a sandbox token.
+type Claims struct {
+	Subject   string `json:"sub"`
+	Issuer    string `json:"iss"`
+	Audience  string `json:"aud"`
+	IssuedAt  int64  `json:"iat"`
+	Expiry    int64  `json:"exp"`
+	SandboxID string `json:"sandbox_id"`
+}
+
+// Issuer mints sandbox tokens. It is safe for concurrent use.
+type Issuer struct {
+	signer    jose.Signer
+	gatewayID string
+	ttl       time.Duration
+	now       func() time.Time
+}
+
+// NewIssuer returns an issuer signing with key under kid. ttl 0 mints
+// tokens that never expire.
+func NewIssuer(key ed25519.PrivateKey, kid, gatewayID string, ttl time.Duration) (*Issuer, error) {
+	if len(key) != ed25519.PrivateKeySize {
+		return nil, errors.New("sandbox jwt: invalid ed25519 signing key")
+	}
+	if kid == "" || gatewayID == "" {
+		return nil, errors.New("sandbox jwt: kid and gateway id are required")
+	}
+	if ttl < 0 {
+		return nil, errors.New("sandbox jwt: negative ttl")
+	}
+	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.EdDSA, Key: key},
+		(&jose.SignerOptions{}).WithType("JWT").WithHeader(jose.HeaderKey("kid"), kid))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox jwt: signer: %w", err)
+	}
+	return &Issuer{signer: signer, gatewayID: gatewayID, ttl: ttl, now: time.Now}, nil
+}
+
+// TTL returns the lifetime of minted tokens (0 = never expire).
+func (i *Issuer) TTL() time.Duration { return i.ttl }
+
+// Mint returns a token for sandboxID and its expiry (zero time when the
+// token never expires).
+func (i *Issuer) Mint(sandboxID string) (token string, expiresAt time.Time, err error) {
+	if sandboxID == "" {
+		return "", time.Time{}, errdefs.InvalidArgument("sandbox id is required")
+	}
+	now := i.now()
+	c := Claims{
+		Subject:   SubjectPrefix + sandboxID,
+		Issuer:    Audience(i.gatewayID),
+		Audience:  Audience(i.gatewayID),
+		IssuedAt:  now.Unix(),
+		SandboxID: sandboxID,
+	}
+	if i.ttl > 0 {
+		expiresAt = now.Add(i.ttl)
+		c.Expiry = expiresAt.Unix()
+	}
+	token, err = jwt.Signed(i.signer).Claims(c).Serialize()
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("sandbox jwt: sign: %w", err)
+	}
+	return token, expiresAt, nil
+}
+
+// Key is one verification key.
+type Key struct {
+	KID    string
+	Public ed25519.PublicKey
+}
+
+// Verifier checks sandbox tokens; it is an auth.Authenticator. It is safe
+// for concurrent use.
+type Verifier struct {
+	keys     map[string]ed25519.PublicKey
+	order    []Key
+	audience string
+	now      func() time.Time
+}
+
+var _ auth.Authenticator = (*Verifier)(nil)
+
+// NewVerifier returns a verifier accepting tokens signed by any of keys for
+// gatewayID.
+func NewVerifier(gatewayID string, keys ...Key) (*Verifier, error) {
+	if gatewayID == "" {
+		return nil, errors.New("sandbox jwt: gateway id is required")
+	}
+	if len(keys) == 0 {
+		return nil, errors.New("sandbox jwt: at least one verification key is required")
+	}
+	v := &Verifier{keys: make(map[string]ed25519.PublicKey), audience: Audience(gatewayID), now: time.Now}
+	for _, k := range keys {
+		if k.KID == "" || len(k.Public) != ed25519.PublicKeySize {
+			return nil, fmt.Errorf("sandbox jwt: invalid verification key %q", k.KID)
+		}
+		if _, dup := v.keys[k.KID]; dup {
+			return nil, fmt.Errorf("sandbox jwt: duplicate kid %q", k.KID)
+		}
+		v.keys[k.KID] = k.Public
+		v.order = append(v.order, k)
+	}
+	return v, nil
+}
+
+type header struct {
+	Alg string `json:"alg"`
+	Kid string `json:"kid"`
+	Typ string `json:"typ"`
+}
+
+// Authenticate implements auth.Authenticator. Tokens that are not this
+// gateway's (another kid, another algorithm, not a JWT) fall through.
+func (v *Verifier) Authenticate(_ context.Context, req *auth.Request) (*auth.Principal, error) {
+	tok := req.BearerToken()
+	if tok == "" {
+		return nil, nil
+	}
+	c, err := v.Verify(tok)
+	if errors.Is(err, errNotMine) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &auth.Principal{
+		Kind:        auth.KindSandbox,
+		Source:      auth.SourceSandboxJWT,
+		Subject:     c.Subject,
+		DisplayName: c.Subject,
+		SandboxID:   c.SandboxID,
+	}, nil
+}
+
+var errNotMine = errors.New("not a sandbox token of this gateway")
+
+func invalid(reason string) error { return errdefs.Unauthenticated("invalid token: " + reason) }
+
+// Verify checks tok and returns its claims. Errors are Unauthenticated
+// except for tokens that are not this gateway's, which return an error
+// Authenticate treats as "not mine".
+func (v *Verifier) Verify(tok string) (*Claims, error) {
+	h, ok := parseHeader(tok)
+	if !ok {
+		return nil, errNotMine
+	}
+	if h.Typ == ExtensionTokenType {
+		return nil, errdefs.Unauthenticated("extension tokens cannot authenticate to the gateway")
+	}
+	key, ok := v.keys[h.Kid]
+	if h.Alg != string(jose.EdDSA) || !ok {
+		return nil, errNotMine
+	}
+	parsed, err := jwt.ParseSigned(tok, []jose.SignatureAlgorithm{jose.EdDSA})
+	if err != nil {
+		return nil, invalid("malformed token")
+	}
+	var c Claims
+	var raw map[string]json.RawMessage
+	if err := parsed.Claims(key, &c, &raw); err != nil {
+		return nil, invalid("signature verification failed")
+	}
+	for _, req := range []string{"sub", "iss", "aud", "exp", "sandbox_id"} {
+		if _, ok := raw[req]; !ok {
+			return nil, invalid("missing claim " + req)
+		}
+	}
+	switch {
+	case c.Issuer != v.audience:
+		return nil, invalid("wrong issuer")
+	case c.Audience != v.audience:
+		return nil, invalid("wrong audience")
+	case c.SandboxID == "" || c.Subject != SubjectPrefix+c.SandboxID:
+		return nil, invalid("subject does not name the sandbox")
+	}
+	now := v.now()
+	if c.Expiry != 0 && now.After(time.Unix(c.Expiry, 0).Add(Leeway)) {
+		return nil, invalid("token expired")
+	}
+	if c.IssuedAt != 0 && time.Unix(c.IssuedAt, 0).After(now.Add(Leeway)) {
+		return nil, invalid("token used before issued")
+	}
+	return &c, nil
+}
+
+func parseHeader(tok string) (header, bool) {
+	var h header
+	seg, _, ok := strings.Cut(tok, ".")
+	if !ok || strings.Count(tok, ".") != 2 {
+		return h, false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(seg)
+	if err != nil || json.Unmarshal(b, &h) != nil {
+		return h, false
+	}
+	return h, true
+}
+
+// JWKS returns the JSON Web Key Set of the verification keys, for
+// /.well-known/jwks.json.
+func (v *Verifier) JWKS() ([]byte, error) {
+	set := jose.JSONWebKeySet{}
+	for _, k := range v.order {
+		set.Keys = append(set.Keys, jose.JSONWebKey{Key: k.Public, KeyID: k.KID, Algorithm: string(jose.EdDSA), Use: "sig"})
+	}
+	return json.Marshal(set)
+}
