@@ -1,0 +1,655 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/compute"
+	"github.com/openshell-go/openshell/internal/errdefs"
+)
+
+// DefaultWorkspace is where requests without a workspace go.
+const DefaultWorkspace = "default"
+
+// Store is the persistence the engine needs for sandbox rows. Writes are
+// conditional: Create fails with AlreadyExists when the id or
+// (workspace, name) is taken; Update is a compare-and-swap on
+// metadata.resource_version (Conflict otherwise) and stores the new version
+// back into the message.
+type Store interface {
+	CreateSandbox(ctx context.Context, sb *openshellv1.Sandbox) error
+	GetSandbox(ctx context.Context, id string) (*openshellv1.Sandbox, error)
+	GetSandboxByName(ctx context.Context, workspace, name string) (*openshellv1.Sandbox, error)
+	UpdateSandbox(ctx context.Context, sb *openshellv1.Sandbox) error
+	DeleteSandbox(ctx context.Context, id string) error
+	ListSandboxes(ctx context.Context, opts ListOptions) ([]*openshellv1.Sandbox, error)
+}
+
+// ListOptions selects sandboxes.
+type ListOptions struct {
+	Workspace     string
+	AllWorkspaces bool
+	Limit, Offset int
+	LabelSelector string
+}
+
+// TokenIssuer mints sandbox JWTs. Optional: without one, sandboxes get no
+// token (only useful for unauthenticated local development).
+type TokenIssuer interface {
+	Mint(sandboxID string) (token string, expiresAt time.Time, err error)
+}
+
+// Options configure an Engine.
+type Options struct {
+	Store      Store
+	Driver     compute.Driver
+	DriverName string
+	Issuer     TokenIssuer
+	// ProviderExists reports NotFound for unknown providers; nil means no
+	// provider exists yet.
+	ProviderExists func(ctx context.Context, workspace, name string) error
+	Logger         *slog.Logger
+	Now            func() time.Time
+}
+
+// Engine owns sandbox lifecycle: it persists intent before touching
+// compute, serializes stop/start/delete per sandbox, reconciles driver
+// events into the store and composes the public phase from the backend
+// state and the supervisor session.
+type Engine struct {
+	store      Store
+	driver     compute.Driver
+	driverName string
+	issuer     TokenIssuer
+	providers  func(ctx context.Context, workspace, name string) error
+	log        *slog.Logger
+	now        func() time.Time
+	hub        *hub
+
+	gateMu sync.Mutex
+	gates  map[string]*sync.Mutex
+
+	stateMu  sync.Mutex
+	backends map[string]backendView
+	sessions map[string]string // sandbox id → connected supervisor instance id
+
+	defaultImage string
+	manages      bool
+}
+
+// New returns an engine. Call Run to start reconciling.
+func New(ctx context.Context, o Options) (*Engine, error) {
+	if o.Store == nil || o.Driver == nil {
+		return nil, errors.New("lifecycle: store and driver are required")
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	caps, err := o.Driver.Capabilities(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("compute driver capabilities: %w", err)
+	}
+	name := o.DriverName
+	if name == "" {
+		name = caps.DriverName
+	}
+	return &Engine{
+		store: o.Store, driver: o.Driver, driverName: name, issuer: o.Issuer, providers: o.ProviderExists,
+		log: o.Logger.With("component", "lifecycle"), now: o.Now, hub: newHub(),
+		gates: map[string]*sync.Mutex{}, backends: map[string]backendView{}, sessions: map[string]string{},
+		defaultImage: caps.DefaultImage, manages: caps.GatewayManagesLifecycle,
+	}, nil
+}
+
+// DriverName is the active driver's name.
+func (e *Engine) DriverName() string { return e.driverName }
+
+func (e *Engine) gate(id string) func() {
+	e.gateMu.Lock()
+	g := e.gates[id]
+	if g == nil {
+		g = &sync.Mutex{}
+		e.gates[id] = g
+	}
+	e.gateMu.Unlock()
+	g.Lock()
+	return g.Unlock
+}
+
+// NormalizeWorkspace maps "" to the default workspace.
+func NormalizeWorkspace(ws string) string {
+	if ws == "" {
+		return DefaultWorkspace
+	}
+	return ws
+}
+
+// Create validates, persists and starts a sandbox, in OpenShell's order:
+// validation, providers, driver validation (before anything is persisted or
+// minted), token, MustCreate as PROVISIONING, driver create. A driver
+// failure removes the row again.
+func (e *Engine) Create(ctx context.Context, req *openshellv1.CreateSandboxRequest) (*openshellv1.Sandbox, error) {
+	if err := ValidateCreateRequest(req); err != nil {
+		return nil, err
+	}
+	ws := NormalizeWorkspace(req.GetWorkspace())
+	spec := proto.Clone(req.GetSpec()).(*openshellv1.SandboxSpec)
+	if spec == nil {
+		spec = &openshellv1.SandboxSpec{}
+	}
+	for _, p := range spec.GetProviders() {
+		if err := e.providerExists(ctx, ws, p); err != nil {
+			return nil, err
+		}
+	}
+	if spec.Template == nil {
+		spec.Template = &openshellv1.SandboxTemplate{}
+	}
+	if spec.Template.Image == "" {
+		spec.Template.Image = e.defaultImage
+	}
+	if sa := spec.Template.GetServiceAccountName(); sa != "" && e.driverName != "kubernetes" {
+		return nil, errdefs.InvalidArgument(fmt.Sprintf("template.service_account_name is only supported by the kubernetes driver (active driver: %s)", e.driverName))
+	}
+	name := req.GetName()
+	if name == "" {
+		name = petname()
+	}
+	now := e.now()
+	sb := &openshellv1.Sandbox{
+		Metadata: &datamodelv1.ObjectMeta{
+			Id: uuid.NewString(), Name: name, Workspace: ws,
+			Labels: req.GetLabels(), Annotations: req.GetAnnotations(), CreatedAtMs: now.UnixMilli(),
+		},
+		Spec: spec,
+		Status: &openshellv1.SandboxStatus{
+			SandboxName: name,
+			Phase:       openshellv1.SandboxPhase_SANDBOX_PHASE_PROVISIONING,
+		},
+	}
+	dsb, err := e.toDriver(sb)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.driver.ValidateCreate(ctx, dsb); err != nil {
+		return nil, driverError("validate sandbox", err)
+	}
+	if e.issuer != nil {
+		tok, _, err := e.issuer.Mint(sb.Metadata.Id)
+		if err != nil {
+			return nil, fmt.Errorf("mint sandbox token: %w", err)
+		}
+		dsb.Spec.SandboxToken = tok
+	}
+	setReadyCondition(sb.Status, &openshellv1.SandboxCondition{Type: compute.ConditionReady, Status: "False", Reason: "Provisioning", Message: "Creating the sandbox"}, now)
+	if err := e.store.CreateSandbox(ctx, sb); err != nil {
+		if errors.Is(err, errdefs.ErrAlreadyExists) {
+			return nil, errdefs.AlreadyExists(fmt.Sprintf("sandbox %q already exists in workspace %q", name, ws))
+		}
+		return nil, err
+	}
+	unlock := e.gate(sb.Metadata.Id)
+	defer unlock()
+	if err := e.driver.Create(ctx, dsb); err != nil {
+		// Compensate: the request failed, so nothing may remain.
+		if _, derr := e.driver.Delete(context.WithoutCancel(ctx), compute.Ref{ID: sb.Metadata.Id, Name: name}); derr != nil {
+			e.log.Warn("cleanup after failed create: driver delete", "sandbox_id", sb.Metadata.Id, "err", derr)
+		}
+		if derr := e.store.DeleteSandbox(context.WithoutCancel(ctx), sb.Metadata.Id); derr != nil {
+			e.log.Error("cleanup after failed create: store delete", "sandbox_id", sb.Metadata.Id, "err", derr)
+		}
+		return nil, driverError("create sandbox", err)
+	}
+	e.log.Info("sandbox created", "sandbox_id", sb.Metadata.Id, "name", name, "workspace", ws)
+	e.hub.publish(sb.Metadata.Id, Update{Sandbox: sb})
+	// Fold in whatever the backend already reports.
+	if got, err := e.driver.Get(ctx, compute.Ref{ID: sb.Metadata.Id, Name: name}); err == nil {
+		e.setBackend(sb.Metadata.Id, backendView{present: true, sb: got})
+		if updated, err := e.recompose(ctx, sb.Metadata.Id); err == nil && updated != nil {
+			sb = updated
+		}
+	}
+	return sb, nil
+}
+
+func (e *Engine) providerExists(ctx context.Context, ws, name string) error {
+	if e.providers == nil {
+		return errdefs.FailedPrecondition(fmt.Sprintf("provider '%s' not found", name))
+	}
+	if err := e.providers(ctx, ws, name); err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return errdefs.FailedPrecondition(fmt.Sprintf("provider '%s' not found", name))
+		}
+		return err
+	}
+	return nil
+}
+
+// driverError keeps the caller-meaningful codes of a driver failure and
+// hides everything else behind Internal.
+func driverError(op string, err error) error {
+	switch {
+	case errors.Is(err, errdefs.ErrAlreadyExists), errors.Is(err, errdefs.ErrFailedPrecondition), errors.Is(err, errdefs.ErrInvalidArgument):
+		return err
+	}
+	return fmt.Errorf("%s: %w", op, err) // unknown kinds become Internal at the edge
+}
+
+// toDriver maps a public sandbox to the driver's view.
+func (e *Engine) toDriver(sb *openshellv1.Sandbox) (compute.Sandbox, error) {
+	spec := sb.GetSpec()
+	t := spec.GetTemplate()
+	platform := map[string]any{}
+	if t.GetRuntimeClassName() != "" {
+		platform["runtime_class_name"] = t.GetRuntimeClassName()
+	}
+	if len(t.GetAnnotations()) > 0 {
+		ann := map[string]any{}
+		for k, v := range t.GetAnnotations() {
+			ann[k] = v
+		}
+		platform["annotations"] = ann
+	}
+	if sa := strings.TrimSpace(t.GetServiceAccountName()); t.GetServiceAccountName() != "" {
+		platform["service_account_name"] = sa
+	}
+	if t.UserNamespaces != nil {
+		platform["user_namespaces"] = t.GetUserNamespaces()
+	}
+	var driverCfg map[string]any
+	if dc := t.GetDriverConfig(); dc != nil {
+		if v, ok := dc.GetFields()[e.driverName]; ok {
+			s := v.GetStructValue()
+			if s == nil {
+				return compute.Sandbox{}, errdefs.InvalidArgument(fmt.Sprintf("template.driver_config.%s must be an object", e.driverName))
+			}
+			driverCfg = s.AsMap()
+		}
+	}
+	res := compute.Resources{}
+	if r := t.GetResources(); r != nil {
+		res = resourcesFromStruct(r)
+	}
+	out := compute.Sandbox{
+		ID: sb.GetMetadata().GetId(), Name: sb.GetMetadata().GetName(), Workspace: sb.GetMetadata().GetWorkspace(),
+		Spec: compute.Spec{
+			LogLevel:    spec.GetLogLevel(),
+			Environment: spec.GetEnvironment(),
+			Command:     spec.GetCommand(),
+			TTY:         spec.GetTty(),
+			Template: compute.Template{
+				Image: t.GetImage(), AgentSocketPath: t.GetAgentSocket(), Labels: t.GetLabels(),
+				Environment: t.GetEnvironment(), Resources: res, PlatformConfig: platform, DriverConfig: driverCfg,
+			},
+		},
+	}
+	if g := spec.GetResourceRequirements().GetGpu(); g != nil && g.Count != nil {
+		c := g.GetCount()
+		out.Spec.GPUCount = &c
+	}
+	return out, nil
+}
+
+// resourcesFromStruct reads Kubernetes-style {requests:{cpu,memory},
+// limits:{cpu,memory}} from template.resources.
+func resourcesFromStruct(s *structpb.Struct) compute.Resources {
+	get := func(section, key string) string {
+		sec := s.GetFields()[section].GetStructValue()
+		if sec == nil {
+			return ""
+		}
+		v := sec.GetFields()[key]
+		if v == nil {
+			return ""
+		}
+		if str := v.GetStringValue(); str != "" {
+			return str
+		}
+		if _, ok := v.GetKind().(*structpb.Value_NumberValue); ok {
+			return fmt.Sprint(v.GetNumberValue())
+		}
+		return ""
+	}
+	return compute.Resources{
+		CPURequest: get("requests", "cpu"), CPULimit: get("limits", "cpu"),
+		MemoryRequest: get("requests", "memory"), MemoryLimit: get("limits", "memory"),
+	}
+}
+
+// Get returns a sandbox by name. Missing and not-yours both read NotFound.
+func (e *Engine) Get(ctx context.Context, workspace, name string) (*openshellv1.Sandbox, error) {
+	if name == "" {
+		return nil, errdefs.InvalidArgument("name is required")
+	}
+	ws := NormalizeWorkspace(workspace)
+	sb, err := e.store.GetSandboxByName(ctx, ws, name)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil, errdefs.NotFound(fmt.Sprintf("sandbox %q not found in workspace %q", name, ws))
+		}
+		return nil, err
+	}
+	return sb, nil
+}
+
+// GetByID returns a sandbox by id.
+func (e *Engine) GetByID(ctx context.Context, id string) (*openshellv1.Sandbox, error) {
+	if id == "" {
+		return nil, errdefs.InvalidArgument("sandbox_id is required")
+	}
+	sb, err := e.store.GetSandbox(ctx, id)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil, errdefs.NotFound("sandbox not found")
+		}
+		return nil, err
+	}
+	return sb, nil
+}
+
+// List lists sandboxes.
+func (e *Engine) List(ctx context.Context, o ListOptions) ([]*openshellv1.Sandbox, error) {
+	if o.AllWorkspaces && o.Workspace != "" {
+		return nil, errdefs.InvalidArgument("all_workspaces cannot be combined with workspace")
+	}
+	if !o.AllWorkspaces {
+		o.Workspace = NormalizeWorkspace(o.Workspace)
+	}
+	if o.Limit == 0 {
+		o.Limit = 100
+	}
+	if o.Limit > 1000 {
+		o.Limit = 1000
+	}
+	return e.store.ListSandboxes(ctx, o)
+}
+
+// Delete marks the sandbox DELETING, deletes the backend and removes the
+// row once the backend is gone (now, or later through the watcher).
+func (e *Engine) Delete(ctx context.Context, workspace, name string) (bool, error) {
+	sb, err := e.Get(ctx, workspace, name)
+	if err != nil {
+		return false, err
+	}
+	id := sb.GetMetadata().GetId()
+	unlock := e.gate(id)
+	defer unlock()
+	sb, err = e.mutate(ctx, id, func(sb *openshellv1.Sandbox) bool {
+		if sb.Status.Phase == openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING {
+			return false
+		}
+		sb.Status.Phase = openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING
+		sb.Metadata.DeletionTimestampMs = e.now().UnixMilli()
+		setReadyCondition(sb.Status, &openshellv1.SandboxCondition{Type: compute.ConditionReady, Status: "False", Reason: "Deleting", Message: "Sandbox is being deleted"}, e.now())
+		return true
+	})
+	if err != nil {
+		return false, err
+	}
+	return true, e.finishDelete(ctx, sb)
+}
+
+func (e *Engine) finishDelete(ctx context.Context, sb *openshellv1.Sandbox) error {
+	id, name := sb.GetMetadata().GetId(), sb.GetMetadata().GetName()
+	if _, err := e.driver.Delete(ctx, compute.Ref{ID: id, Name: name}); err != nil {
+		return fmt.Errorf("delete sandbox %q: %w", name, err)
+	}
+	if _, err := e.driver.Get(ctx, compute.Ref{ID: id, Name: name}); errors.Is(err, errdefs.ErrNotFound) {
+		e.removeRow(ctx, id)
+	}
+	return nil
+}
+
+func (e *Engine) removeRow(ctx context.Context, id string) {
+	sb, err := e.store.GetSandbox(ctx, id)
+	if err != nil {
+		return
+	}
+	if err := e.store.DeleteSandbox(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		e.log.Error("remove sandbox row", "sandbox_id", id, "err", err)
+		return
+	}
+	e.stateMu.Lock()
+	delete(e.backends, id)
+	delete(e.sessions, id)
+	e.stateMu.Unlock()
+	e.log.Info("sandbox deleted", "sandbox_id", id, "name", sb.GetMetadata().GetName())
+	sb.Status.Phase = openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING
+	e.hub.publish(id, Update{Sandbox: sb, Deleted: true})
+}
+
+// Stop persists STOPPING, then stops the backend. Idempotent.
+func (e *Engine) Stop(ctx context.Context, workspace, name string) (*openshellv1.Sandbox, error) {
+	sb, err := e.Get(ctx, workspace, name)
+	if err != nil {
+		return nil, err
+	}
+	id := sb.GetMetadata().GetId()
+	unlock := e.gate(id)
+	defer unlock()
+	var refuse error
+	sb, err = e.mutate(ctx, id, func(sb *openshellv1.Sandbox) bool {
+		switch sb.Status.Phase {
+		case openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPED, openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPING:
+			return false
+		case openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING:
+			refuse = errdefs.FailedPrecondition(fmt.Sprintf("sandbox %q is being deleted", name))
+			return false
+		}
+		sb.Status.Phase = openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPING
+		setReadyCondition(sb.Status, &openshellv1.SandboxCondition{Type: compute.ConditionReady, Status: "False", Reason: "Stopping", Message: "Sandbox is stopping"}, e.now())
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	if refuse != nil {
+		return nil, refuse
+	}
+	if sb.Status.Phase == openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPED {
+		return sb, nil
+	}
+	if err := e.driver.Stop(ctx, compute.Ref{ID: id, Name: sb.GetMetadata().GetName()}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, driverError("stop sandbox", err)
+	}
+	e.refreshBackend(ctx, sb)
+	return e.recompose(ctx, id)
+}
+
+// Start persists STARTING, then starts the backend. Idempotent.
+func (e *Engine) Start(ctx context.Context, workspace, name string) (*openshellv1.Sandbox, error) {
+	sb, err := e.Get(ctx, workspace, name)
+	if err != nil {
+		return nil, err
+	}
+	id := sb.GetMetadata().GetId()
+	unlock := e.gate(id)
+	defer unlock()
+	var refuse error
+	changed := false
+	sb, err = e.mutate(ctx, id, func(sb *openshellv1.Sandbox) bool {
+		switch sb.Status.Phase {
+		case openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING:
+			refuse = errdefs.FailedPrecondition(fmt.Sprintf("sandbox %q is being deleted", name))
+			return false
+		case openshellv1.SandboxPhase_SANDBOX_PHASE_READY, openshellv1.SandboxPhase_SANDBOX_PHASE_STARTING, openshellv1.SandboxPhase_SANDBOX_PHASE_PROVISIONING:
+			return false
+		}
+		sb.Status.Phase = openshellv1.SandboxPhase_SANDBOX_PHASE_STARTING
+		sb.Status.ExitCode = nil
+		setReadyCondition(sb.Status, &openshellv1.SandboxCondition{Type: compute.ConditionReady, Status: "False", Reason: "Starting", Message: "Sandbox is starting"}, e.now())
+		changed = true
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	if refuse != nil {
+		return nil, refuse
+	}
+	if !changed {
+		return sb, nil
+	}
+	if err := e.driver.Start(ctx, compute.Ref{ID: id, Name: sb.GetMetadata().GetName()}); err != nil {
+		return nil, driverError("start sandbox", err)
+	}
+	e.refreshBackend(ctx, sb)
+	return e.recompose(ctx, id)
+}
+
+func (e *Engine) refreshBackend(ctx context.Context, sb *openshellv1.Sandbox) {
+	got, err := e.driver.Get(ctx, compute.Ref{ID: sb.GetMetadata().GetId(), Name: sb.GetMetadata().GetName()})
+	switch {
+	case err == nil:
+		e.setBackend(sb.GetMetadata().GetId(), backendView{present: true, sb: got})
+	case errors.Is(err, errdefs.ErrNotFound):
+		e.setBackend(sb.GetMetadata().GetId(), backendView{})
+	}
+}
+
+func (e *Engine) setBackend(id string, b backendView) {
+	e.stateMu.Lock()
+	e.backends[id] = b
+	e.stateMu.Unlock()
+}
+
+// mutate applies fn to the current row and writes it with CAS, retrying a
+// few times on conflicts with a fresh read. fn returns false to skip the
+// write (the current row is returned).
+func (e *Engine) mutate(ctx context.Context, id string, fn func(*openshellv1.Sandbox) bool) (*openshellv1.Sandbox, error) {
+	for attempt := 0; ; attempt++ {
+		sb, err := e.store.GetSandbox(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if sb.Status == nil {
+			sb.Status = &openshellv1.SandboxStatus{}
+		}
+		if !fn(sb) {
+			return sb, nil
+		}
+		err = e.store.UpdateSandbox(ctx, sb)
+		if err == nil {
+			e.hub.publish(id, Update{Sandbox: sb})
+			return sb, nil
+		}
+		if !errors.Is(err, errdefs.ErrConflict) || attempt >= 8 {
+			return nil, err
+		}
+	}
+}
+
+// recompose recomputes the phase of one sandbox from what the engine knows
+// and persists it when it changed.
+func (e *Engine) recompose(ctx context.Context, id string) (*openshellv1.Sandbox, error) {
+	e.stateMu.Lock()
+	b := e.backends[id]
+	_, session := e.sessions[id]
+	instance := e.sessions[id]
+	e.stateMu.Unlock()
+	return e.mutate(ctx, id, func(sb *openshellv1.Sandbox) bool {
+		phase, cond := composePhase(sb.Status.Phase, b, session)
+		changed := phase != sb.Status.Phase
+		sb.Status.Phase = phase
+		if setReadyCondition(sb.Status, cond, e.now()) {
+			changed = true
+		}
+		if b.present && b.sb.Status.InstanceID != "" && sb.Status.AgentPod != b.sb.Status.SandboxName && b.sb.Status.SandboxName != "" {
+			sb.Status.AgentPod = b.sb.Status.SandboxName
+			changed = true
+		}
+		if session && instance != "" && sb.Status.MainProcessInstanceId != instance {
+			sb.Status.MainProcessInstanceId = instance
+			changed = true
+		}
+		return changed
+	})
+}
+
+// SessionChanged is the supervisor-presence hook: the relay calls it when a
+// supervisor session for sandboxID connects or ends.
+func (e *Engine) SessionChanged(ctx context.Context, sandboxID string, connected bool, instanceID string) {
+	e.stateMu.Lock()
+	if connected {
+		e.sessions[sandboxID] = instanceID
+	} else {
+		delete(e.sessions, sandboxID)
+	}
+	e.stateMu.Unlock()
+	if _, err := e.recompose(ctx, sandboxID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		e.log.Warn("compose phase after session change", "sandbox_id", sandboxID, "err", err)
+	}
+}
+
+// SandboxExists reports NotFound when no row exists for id.
+func (e *Engine) SandboxExists(ctx context.Context, id string) error {
+	_, err := e.store.GetSandbox(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return errdefs.NotFound("sandbox not found")
+	}
+	return err
+}
+
+// ReportMainProcessExit moves the sandbox to ERROR with the exit code. Any
+// exit counts, code 0 too: the main process is the sandbox's reason to be.
+func (e *Engine) ReportMainProcessExit(ctx context.Context, sandboxID, instanceID string, exitCode int32) error {
+	if sandboxID == "" {
+		return errdefs.InvalidArgument("sandbox_id is required")
+	}
+	if instanceID == "" {
+		return errdefs.InvalidArgument("instance_id is required")
+	}
+	var stale error
+	_, err := e.mutate(ctx, sandboxID, func(sb *openshellv1.Sandbox) bool {
+		if cur := sb.Status.GetMainProcessInstanceId(); cur != "" && cur != instanceID {
+			stale = errdefs.FailedPrecondition(fmt.Sprintf("stale main process instance %q (current %q)", instanceID, cur))
+			return false
+		}
+		if sb.Status.Phase == openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING {
+			return false
+		}
+		sb.Status.Phase = openshellv1.SandboxPhase_SANDBOX_PHASE_ERROR
+		sb.Status.MainProcessInstanceId = instanceID
+		code := exitCode
+		sb.Status.ExitCode = &code
+		setReadyCondition(sb.Status, &openshellv1.SandboxCondition{Type: compute.ConditionReady, Status: "False", Reason: ReasonMainProcessExited, Message: fmt.Sprintf("Main process exited with code %d", exitCode)}, e.now())
+		return true
+	})
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return errdefs.NotFound("sandbox not found")
+	}
+	if err != nil {
+		return err
+	}
+	return stale
+}
+
+// Subscribe returns updates for one sandbox until cancel is called.
+func (e *Engine) Subscribe(id string) (<-chan Update, func()) {
+	ch, cancel := e.hub.subscribe(id)
+	return ch, cancel
+}
+
+// EventTail returns the last n platform events of a sandbox (0 = all kept).
+func (e *Engine) EventTail(id string, n int) []*openshellv1.PlatformEvent {
+	return e.hub.eventTail(id, n)
+}
+
+// PublishPlatformEvent records a gateway-side platform event.
+func (e *Engine) PublishPlatformEvent(id string, ev *openshellv1.PlatformEvent) {
+	e.hub.publish(id, Update{Platform: ev})
+}
