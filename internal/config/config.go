@@ -1,0 +1,168 @@
+package config
+
+import (
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+)
+
+// Defaults.
+const (
+	DefaultBindAddress     = "127.0.0.1"
+	DefaultPort            = 17670
+	DefaultLogLevel        = "info"
+	DefaultOIDCAudience    = "openshell-cli"
+	DefaultOIDCJWKSTTL     = 3600 * time.Second
+	DefaultOIDCRolesClaim  = "realm_access.roles"
+	DefaultOIDCAdminRole   = "openshell-admin"
+	DefaultOIDCUserRole    = "openshell-user"
+	DefaultSSHSessionTTL   = 24 * time.Hour
+	DefaultLocalGatewayID  = "openshell"
+	DefaultPolicyFailMode  = PolicyFailClosed
+	PolicyFailClosed       = "fail_closed"
+	PolicyRetainLastValid  = "retain_last_valid"
+	defaultGatewayFileName = "gateway.toml"
+)
+
+// Config is the resolved, validated gateway configuration. It is read-only
+// after Load returns.
+type Config struct {
+	// ConfigFile is the TOML file that was read, or "".
+	ConfigFile string
+	// ShowVersion is set by --version; Load skips validation when it is set.
+	ShowVersion bool
+
+	// BindAddress and Port form the main listener (gRPC + HTTP on one port).
+	BindAddress string
+	Port        int
+	// HealthAddress and MetricsAddress are host:port of the optional
+	// separate listeners, or "" when off.
+	HealthAddress  string
+	MetricsAddress string
+
+	LogLevel slog.Level
+	// LogLevelName is the configured level as written (trace/debug/info/warn/error).
+	LogLevelName string
+
+	// DatabaseURL is sqlite:<path> or postgres://... (flag/env only).
+	DatabaseURL string
+	// StateDir holds gateway state (default $XDG_STATE_HOME/openshell/gateway).
+	StateDir string
+
+	// Drivers is the compute driver list (empty = auto-detect).
+	Drivers []string
+	// ComputeDriverSocket is the Unix socket of a remote compute driver.
+	ComputeDriverSocket string
+	// DriverConfigs holds the raw [openshell.drivers.<name>] tables with the
+	// allowlisted gateway-wide keys already inherited. Every driver named in
+	// Drivers has an entry (possibly empty).
+	DriverConfigs map[string]map[string]any
+
+	CredentialDrivers       []string
+	DefaultCredentialDriver string
+	CredentialStorage       map[string]any
+	CredentialDriverConfigs map[string]map[string]any
+	SupervisorMiddleware    []map[string]any
+	Interceptors            []map[string]any
+	ProviderProfileSources  []any
+
+	TLS  TLS
+	Auth Auth
+	OIDC OIDC
+	JWT  JWT
+	OTLP OTLP
+
+	RateLimit RateLimit
+
+	ServerSANs                  []string
+	EnableLoopbackServiceHTTP   bool
+	SSHSessionTTL               time.Duration
+	SandboxNamespace            string
+	PolicyValidationFailureMode string
+}
+
+// Addr is the main listener address (host:port).
+func (c *Config) Addr() string {
+	return net.JoinHostPort(c.BindAddress, strconv.Itoa(c.Port))
+}
+
+// TLS describes the listener's TLS settings.
+type TLS struct {
+	// Enabled is false when TLS is disabled (plaintext listener).
+	Enabled      bool
+	CertPath     string
+	KeyPath      string
+	ClientCAPath string
+	// RequireClientAuth is true when a client CA is set and OIDC is off:
+	// every TLS client must then present a certificate signed by the CA.
+	// Otherwise a presented certificate is verified but optional.
+	RequireClientAuth   bool
+	ExternalCertPath    string
+	ExternalKeyPath     string
+	ExternalServerNames []string
+	// AutoDiscovered is true when the paths came from OPENSHELL_LOCAL_TLS_DIR.
+	AutoDiscovered bool
+	// LocalDir is the local PKI directory consulted (OPENSHELL_LOCAL_TLS_DIR).
+	LocalDir string
+	// ClientCertPath/ClientKeyPath are the discovered local client bundle,
+	// useful for drivers that hand client certificates to sandboxes.
+	ClientCertPath string
+	ClientKeyPath  string
+}
+
+// Auth holds user authentication switches other than OIDC.
+type Auth struct {
+	// MTLS: client certificates signed by the client CA authenticate users.
+	MTLS bool
+	// AllowUnauthenticatedUsers: requests without credentials run as the
+	// local-dev user.
+	AllowUnauthenticatedUsers bool
+}
+
+// OIDC holds OIDC bearer settings; it is enabled when Issuer is non-empty.
+type OIDC struct {
+	Issuer      string
+	Audience    string
+	JWKSTTL     time.Duration
+	RolesClaim  string
+	AdminRole   string
+	UserRole    string
+	ScopesClaim string
+}
+
+// Enabled reports whether OIDC authentication is configured.
+func (o OIDC) Enabled() bool { return o.Issuer != "" }
+
+// JWT holds the gateway's sandbox JWT issuer settings.
+type JWT struct {
+	SigningKeyPath string
+	PublicKeyPath  string
+	KIDPath        string
+	GatewayID      string
+	// TTL of minted tokens; 0 means tokens never expire.
+	TTL time.Duration
+	// AutoDiscovered is true when the keys came from OPENSHELL_LOCAL_TLS_DIR.
+	AutoDiscovered bool
+}
+
+// Enabled reports whether the JWT issuer is configured.
+func (j JWT) Enabled() bool { return j.SigningKeyPath != "" }
+
+// Issuer is the iss/aud claim value "openshell-gateway:<gateway_id>".
+func (j JWT) Issuer() string { return "openshell-gateway:" + j.GatewayID }
+
+// OTLP holds the optional trace exporter settings.
+type OTLP struct {
+	Endpoint    string
+	ServiceName string
+}
+
+// RateLimit limits gRPC requests; it is off when Requests or Window is zero.
+type RateLimit struct {
+	Requests int
+	Window   time.Duration
+}
+
+// Enabled reports whether rate limiting is on.
+func (r RateLimit) Enabled() bool { return r.Requests > 0 && r.Window > 0 }
