@@ -1,0 +1,223 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
+)
+
+func (a *app) newGatewayCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "gateway",
+		Aliases: []string{"gw"},
+		Short:   "Manage the gateways this machine knows about",
+		Long: `Manage the client-side gateway registry.
+
+Gateways live under $XDG_CONFIG_HOME/openshell (default ~/.config/openshell);
+entries under /etc/openshell (or $OPENSHELL_SYSTEM_GATEWAY_DIR) are read-only.`,
+		RunE: groupRunE,
+	}
+	cmd.AddCommand(a.newGatewayAddCmd(), a.newGatewayListCmd(), a.newGatewaySelectCmd(), a.newGatewayRemoveCmd(), a.newGatewayInfoCmd())
+	return cmd
+}
+
+func (a *app) newGatewayAddCmd() *cobra.Command {
+	var o addOptions
+	cmd := &cobra.Command{
+		Use:   "add NAME --endpoint URL [--ca FILE --cert FILE --key FILE | --insecure]",
+		Short: "Register a gateway",
+		Example: `  openshell gateway add prod --endpoint https://gw.example.com:17670 --ca ca.crt --cert tls.crt --key tls.key
+  openshell gateway add dev --endpoint http://127.0.0.1:17670`,
+		Args: argsUsage(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.Name = args[0]
+			if o.Endpoint == "" {
+				return usagef("--endpoint is required")
+			}
+			reg := a.newRegistry()
+			e, err := reg.Add(o, a.now())
+			if err != nil {
+				return err
+			}
+			active := ""
+			if reg.Active() == "" {
+				if err := reg.Select(e.Name); err != nil {
+					return err
+				}
+				active = " and selected it"
+			}
+			fmt.Fprintf(a.stdout, "Registered gateway %q at %s%s\n", e.Name, e.Endpoint, active)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Endpoint, "endpoint", "", "gateway URL: http://HOST:PORT, https://HOST:PORT or unix:///PATH")
+	f.StringVar(&o.CA, "ca", "", "PEM file of the CA that signed the gateway's certificate")
+	f.StringVar(&o.Cert, "cert", "", "PEM client certificate for mTLS")
+	f.StringVar(&o.Key, "key", "", "PEM private key of the client certificate")
+	f.BoolVar(&o.Insecure, "insecure", false, "do not verify the gateway's TLS certificate")
+	return cmd
+}
+
+type gatewayView struct {
+	Name     string `json:"name"`
+	Endpoint string `json:"endpoint"`
+	Auth     string `json:"auth"`
+	Active   bool   `json:"active"`
+	Source   string `json:"source"`
+	Dir      string `json:"dir"`
+}
+
+func viewOf(e gatewayEntry, active string) gatewayView {
+	auth := "none"
+	switch {
+	case e.Insecure:
+		auth = "tls (unverified)"
+	case e.CertFile() != "":
+		auth = "mtls"
+	case strings.HasPrefix(e.Endpoint, "https://"):
+		auth = "tls"
+	}
+	src := "user"
+	if e.System {
+		src = "system"
+	}
+	return gatewayView{Name: e.Name, Endpoint: e.Endpoint, Auth: auth, Active: e.Name == active, Source: src, Dir: e.Dir}
+}
+
+// printPlain prints v as JSON or YAML for -o json|yaml.
+func (a *app) printPlain(v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	if a.output == "yaml" {
+		b, err = yaml.JSONToYAML(b)
+		if err != nil {
+			return err
+		}
+		_, err = a.stdout.Write(b)
+		return err
+	}
+	_, err = fmt.Fprintf(a.stdout, "%s\n", b)
+	return err
+}
+
+func (a *app) newGatewayListCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "list",
+		Aliases: []string{"ls"},
+		Short:   "List registered gateways",
+		Args:    argsUsage(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			reg := a.newRegistry()
+			all, err := reg.List()
+			if err != nil {
+				return err
+			}
+			active := reg.Active()
+			views := make([]gatewayView, len(all))
+			for i, e := range all {
+				views[i] = viewOf(e, active)
+			}
+			if a.structured() {
+				return a.printPlain(views)
+			}
+			if len(views) == 0 {
+				fmt.Fprintln(a.stdout, "No gateways registered; openshell uses a local gateway on 127.0.0.1:17670.")
+				fmt.Fprintln(a.stdout, "Register one with: openshell gateway add NAME --endpoint URL")
+				return nil
+			}
+			tw := newTable(a.stdout)
+			fmt.Fprintln(tw, "ACTIVE\tNAME\tENDPOINT\tAUTH\tSOURCE")
+			for _, v := range views {
+				mark := ""
+				if v.Active {
+					mark = "*"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", mark, v.Name, v.Endpoint, v.Auth, v.Source)
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func (a *app) newGatewaySelectCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "select NAME",
+		Short: "Make a gateway the default for later commands",
+		Args:  argsUsage(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.newRegistry().Select(args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "Selected gateway %q\n", args[0])
+			return nil
+		},
+	}
+}
+
+func (a *app) newGatewayRemoveCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "remove NAME",
+		Aliases: []string{"rm"},
+		Short:   "Forget a registered gateway and its certificates",
+		Args:    argsUsage(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.newRegistry().Remove(args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "Removed gateway %q\n", args[0])
+			return nil
+		},
+	}
+}
+
+func (a *app) newGatewayInfoCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "info [NAME]",
+		Short: "Show a gateway's registration (default: the gateway commands would use)",
+		Args:  argsUsage(cobra.MaximumNArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			reg := a.newRegistry()
+			var t gatewayTarget
+			if len(args) == 1 {
+				e, err := reg.Get(args[0])
+				if err != nil {
+					return err
+				}
+				v := viewOf(e, reg.Active())
+				if a.structured() {
+					return a.printPlain(v)
+				}
+				tw := newTable(a.stdout)
+				fmt.Fprintf(tw, "Name:\t%s\nEndpoint:\t%s\nAuth:\t%s\nActive:\t%v\nSource:\t%s\nDirectory:\t%s\n", v.Name, v.Endpoint, v.Auth, v.Active, v.Source, v.Dir)
+				return tw.Flush()
+			}
+			t, err := a.resolveGateway()
+			if err != nil {
+				return err
+			}
+			view := map[string]any{"name": t.Name, "endpoint": t.Endpoint, "chosen_by": t.Source,
+				"ca": t.CAFile, "client_cert": t.CertFile, "insecure": t.Insecure}
+			if a.structured() {
+				return a.printPlain(view)
+			}
+			tw := newTable(a.stdout)
+			fmt.Fprintf(tw, "Name:\t%s\nEndpoint:\t%s\nChosen by:\t%s\n", orDash(t.Name), t.Endpoint, t.Source)
+			if t.CAFile != "" {
+				fmt.Fprintf(tw, "CA:\t%s\n", t.CAFile)
+			}
+			if t.CertFile != "" {
+				fmt.Fprintf(tw, "Client certificate:\t%s\n", t.CertFile)
+			}
+			if t.Insecure {
+				fmt.Fprintf(tw, "TLS verification:\tdisabled\n")
+			}
+			return tw.Flush()
+		},
+	}
+}

@@ -1,0 +1,355 @@
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+)
+
+// DefaultSystemGatewayDir is the read-only system gateway registry root.
+const DefaultSystemGatewayDir = "/etc/openshell"
+
+// registry is the client-side gateway registry: a writable user root
+// ($XDG_CONFIG_HOME/openshell) and a read-only system root (/etc/openshell).
+//
+// Layout under each root:
+//
+//	active_gateway                      name of the selected gateway
+//	gateways/<name>/metadata.json       gatewayMeta
+//	gateways/<name>/mtls/ca.crt         CA that signs the gateway's certificate
+//	gateways/<name>/mtls/tls.crt|key    client certificate and key (mTLS)
+type registry struct {
+	userDir   string
+	systemDir string
+}
+
+// gatewayMeta is metadata.json.
+type gatewayMeta struct {
+	Name      string    `json:"name"`
+	Endpoint  string    `json:"endpoint"`
+	Insecure  bool      `json:"insecure,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// gatewayEntry is a registered gateway as found on disk.
+type gatewayEntry struct {
+	gatewayMeta
+	Dir    string // gateways/<name>
+	System bool   // found under the system root
+}
+
+func (e gatewayEntry) file(name string) string {
+	p := filepath.Join(e.Dir, "mtls", name)
+	if _, err := os.Stat(p); err != nil {
+		return ""
+	}
+	return p
+}
+
+// CAFile, CertFile and KeyFile return the paths of the stored TLS material,
+// or "" when absent.
+func (e gatewayEntry) CAFile() string   { return e.file("ca.crt") }
+func (e gatewayEntry) CertFile() string { return e.file("tls.crt") }
+func (e gatewayEntry) KeyFile() string  { return e.file("tls.key") }
+
+// newRegistry builds the registry from the environment. A set but unusable
+// OPENSHELL_SYSTEM_GATEWAY_DIR prints a warning to warn and falls back to
+// /etc/openshell.
+func (a *app) newRegistry() *registry {
+	return newRegistryFromEnv(a.lookupEnv, a.stderr)
+}
+
+func newRegistryFromEnv(lookup func(string) (string, bool), warn io.Writer) *registry {
+	sys := DefaultSystemGatewayDir
+	if v, ok := lookup("OPENSHELL_SYSTEM_GATEWAY_DIR"); ok {
+		if v == "" || !filepath.IsAbs(v) {
+			fmt.Fprintf(warn, "warning: ignoring OPENSHELL_SYSTEM_GATEWAY_DIR=%q: it must be a non-empty absolute path; using %s\n", v, DefaultSystemGatewayDir)
+		} else {
+			sys = filepath.Clean(v)
+		}
+	}
+	return &registry{userDir: filepath.Join(configHome(lookup), "openshell"), systemDir: sys}
+}
+
+func configHome(lookup func(string) (string, bool)) string {
+	if v, ok := lookup("XDG_CONFIG_HOME"); ok && filepath.IsAbs(v) {
+		return v
+	}
+	return filepath.Join(homeDir(lookup), ".config")
+}
+
+func stateHome(lookup func(string) (string, bool)) string {
+	if v, ok := lookup("XDG_STATE_HOME"); ok && filepath.IsAbs(v) {
+		return v
+	}
+	return filepath.Join(homeDir(lookup), ".local", "state")
+}
+
+func homeDir(lookup func(string) (string, bool)) string {
+	if v, ok := lookup("HOME"); ok && v != "" {
+		return v
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return h
+	}
+	return "/"
+}
+
+var gatewayNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+func validateGatewayName(name string) error {
+	if !gatewayNameRE.MatchString(name) {
+		return usagef("invalid gateway name %q: use letters, digits, '.', '_' or '-' (at most 63 characters)", name)
+	}
+	return nil
+}
+
+// validateEndpoint checks an endpoint URL: http://host:port, https://host:port
+// or unix:///absolute/path.
+func validateEndpoint(endpoint string) (*url.URL, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return nil, usagef("invalid endpoint %q: %v", endpoint, err)
+	}
+	switch u.Scheme {
+	case "http", "https":
+		if u.Host == "" {
+			return nil, usagef("invalid endpoint %q: missing host", endpoint)
+		}
+		if u.Path != "" && u.Path != "/" {
+			return nil, usagef("invalid endpoint %q: a gRPC endpoint has no path", endpoint)
+		}
+	case "unix":
+		if u.Host != "" || !filepath.IsAbs(u.Path) {
+			return nil, usagef("invalid endpoint %q: want unix:///absolute/path", endpoint)
+		}
+	default:
+		return nil, usagef("invalid endpoint %q: the scheme must be http://, https:// or unix://", endpoint)
+	}
+	return u, nil
+}
+
+func (r *registry) gatewaysDir(root string) string { return filepath.Join(root, "gateways") }
+
+func (r *registry) load(root, name string, system bool) (gatewayEntry, error) {
+	dir := filepath.Join(r.gatewaysDir(root), name)
+	b, err := os.ReadFile(filepath.Join(dir, "metadata.json"))
+	if err != nil {
+		return gatewayEntry{}, err
+	}
+	var m gatewayMeta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return gatewayEntry{}, fmt.Errorf("gateway %q: corrupt %s: %v", name, filepath.Join(dir, "metadata.json"), err)
+	}
+	m.Name = name
+	return gatewayEntry{gatewayMeta: m, Dir: dir, System: system}, nil
+}
+
+// Get returns the gateway called name; the user root shadows the system root.
+func (r *registry) Get(name string) (gatewayEntry, error) {
+	if err := validateGatewayName(name); err != nil {
+		return gatewayEntry{}, err
+	}
+	e, err := r.load(r.userDir, name, false)
+	if err == nil {
+		return e, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return gatewayEntry{}, err
+	}
+	e, err = r.load(r.systemDir, name, true)
+	if err == nil {
+		return e, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return gatewayEntry{}, err
+	}
+	return gatewayEntry{}, &notRegisteredError{name: name}
+}
+
+type notRegisteredError struct{ name string }
+
+func (e *notRegisteredError) Error() string {
+	return fmt.Sprintf("gateway %q is not registered (see 'openshell gateway list')", e.name)
+}
+
+// List returns all registered gateways sorted by name.
+func (r *registry) List() ([]gatewayEntry, error) {
+	seen := map[string]bool{}
+	var out []gatewayEntry
+	for _, root := range []struct {
+		dir    string
+		system bool
+	}{{r.userDir, false}, {r.systemDir, true}} {
+		ents, err := os.ReadDir(r.gatewaysDir(root.dir))
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) || (root.system && errors.Is(err, fs.ErrPermission)) {
+				continue
+			}
+			return nil, err
+		}
+		for _, de := range ents {
+			if !de.IsDir() || seen[de.Name()] || !gatewayNameRE.MatchString(de.Name()) {
+				continue
+			}
+			e, err := r.load(root.dir, de.Name(), root.system)
+			if err != nil {
+				continue // not a gateway directory
+			}
+			seen[de.Name()] = true
+			out = append(out, e)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Active returns the name in active_gateway (user root first, then system),
+// or "" when none is selected.
+func (r *registry) Active() string {
+	for _, root := range []string{r.userDir, r.systemDir} {
+		b, err := os.ReadFile(filepath.Join(root, "active_gateway"))
+		if err == nil {
+			if n := strings.TrimSpace(string(b)); n != "" {
+				return n
+			}
+		}
+	}
+	return ""
+}
+
+// Select makes name the active gateway.
+func (r *registry) Select(name string) error {
+	if _, err := r.Get(name); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(r.userDir, 0o700); err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(r.userDir, "active_gateway"), []byte(name+"\n"), 0o600)
+}
+
+// addOptions are the inputs of Add.
+type addOptions struct {
+	Name, Endpoint      string
+	CA, Cert, Key       string // source files to copy
+	Insecure            bool
+	AllowShadowedSystem bool
+}
+
+// Add registers a gateway in the user root. It writes into a temporary
+// directory first, so a failed add leaves nothing behind.
+func (r *registry) Add(o addOptions, now time.Time) (gatewayEntry, error) {
+	if err := validateGatewayName(o.Name); err != nil {
+		return gatewayEntry{}, err
+	}
+	if _, err := validateEndpoint(o.Endpoint); err != nil {
+		return gatewayEntry{}, err
+	}
+	if (o.Cert == "") != (o.Key == "") {
+		return gatewayEntry{}, usagef("--cert and --key go together")
+	}
+	if o.Insecure && (o.CA != "" || o.Cert != "") {
+		return gatewayEntry{}, usagef("--insecure cannot be combined with --ca, --cert or --key")
+	}
+	if (o.CA != "" || o.Cert != "") && !strings.HasPrefix(o.Endpoint, "https://") {
+		return gatewayEntry{}, usagef("--ca, --cert and --key need an https:// endpoint")
+	}
+	final := filepath.Join(r.gatewaysDir(r.userDir), o.Name)
+	if _, err := os.Stat(final); err == nil {
+		return gatewayEntry{}, fmt.Errorf("gateway %q is already registered; remove it first with 'openshell gateway remove %s'", o.Name, o.Name)
+	}
+	if err := os.MkdirAll(r.gatewaysDir(r.userDir), 0o700); err != nil {
+		return gatewayEntry{}, err
+	}
+	_ = os.Chmod(r.userDir, 0o700)
+	_ = os.Chmod(r.gatewaysDir(r.userDir), 0o700)
+	tmp, err := os.MkdirTemp(r.gatewaysDir(r.userDir), "."+o.Name+".tmp-")
+	if err != nil {
+		return gatewayEntry{}, err
+	}
+	defer os.RemoveAll(tmp) // no-op after the rename
+	if err := os.Chmod(tmp, 0o700); err != nil {
+		return gatewayEntry{}, err
+	}
+	files := []struct{ src, dst string }{{o.CA, "ca.crt"}, {o.Cert, "tls.crt"}, {o.Key, "tls.key"}}
+	for _, f := range files {
+		if f.src == "" {
+			continue
+		}
+		b, err := os.ReadFile(f.src)
+		if err != nil {
+			return gatewayEntry{}, fmt.Errorf("read %s: %w", f.src, err)
+		}
+		if err := os.MkdirAll(filepath.Join(tmp, "mtls"), 0o700); err != nil {
+			return gatewayEntry{}, err
+		}
+		if err := os.WriteFile(filepath.Join(tmp, "mtls", f.dst), b, 0o600); err != nil {
+			return gatewayEntry{}, err
+		}
+	}
+	m := gatewayMeta{Name: o.Name, Endpoint: o.Endpoint, Insecure: o.Insecure, CreatedAt: now.UTC()}
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return gatewayEntry{}, err
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "metadata.json"), append(b, '\n'), 0o600); err != nil {
+		return gatewayEntry{}, err
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return gatewayEntry{}, err
+	}
+	return gatewayEntry{gatewayMeta: m, Dir: final}, nil
+}
+
+// Remove deletes a user gateway. A gateway that exists only under the
+// system root is refused.
+func (r *registry) Remove(name string) error {
+	e, err := r.Get(name)
+	if err != nil {
+		return err
+	}
+	if e.System {
+		return fmt.Errorf("gateway %q is defined in the system configuration (%s) and cannot be removed by openshell; ask an administrator, or register a personal gateway under another name", name, e.Dir)
+	}
+	if err := os.RemoveAll(e.Dir); err != nil {
+		return err
+	}
+	if b, err := os.ReadFile(filepath.Join(r.userDir, "active_gateway")); err == nil && strings.TrimSpace(string(b)) == name {
+		if err := os.Remove(filepath.Join(r.userDir, "active_gateway")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeFileAtomic writes b to path with perm through a rename.
+func writeFileAtomic(path string, b []byte, perm os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	if err := f.Chmod(perm); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
