@@ -1,0 +1,5 @@
+package k8stest
+
+import "syscall"
+
+func setPdeathsig(a *syscall.SysProcAttr) { a.Pdeathsig = syscall.SIGKILL }

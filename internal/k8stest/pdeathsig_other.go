@@ -1,0 +1,7 @@
+//go:build !linux
+
+package k8stest
+
+import "syscall"
+
+func setPdeathsig(*syscall.SysProcAttr) {}
