@@ -27,6 +27,10 @@ start_postgres() {
 }
 need postgres start_postgres || true
 
+# kube-apiserver, etcd, agent-sandbox controller: built on first use, cached.
+k8s_bins() { local out; out="$("$root/test/k8s/build.sh")" || return 1; eval "$out"; }
+need kubernetes k8s_bins || true
+
 # Binaries for end-to-end suites.
 export OPENSHELL_TEST_BIN_DIR="$root/bin"
 
