@@ -14,8 +14,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 )
 
 // fakeGateway is a hand-written fake of the OpenShell service for CLI unit
@@ -53,7 +53,9 @@ func (f *fakeGateway) Calls() []string {
 	return append([]string(nil), f.calls...)
 }
 
-func unimpl(m string) error { return status.Errorf(codes.Unimplemented, "%s is not implemented by the fake", m) }
+func unimpl(m string) error {
+	return status.Errorf(codes.Unimplemented, "%s is not implemented by the fake", m)
+}
 
 func (f *fakeGateway) Health(ctx context.Context, r *openshellv1.HealthRequest) (*openshellv1.HealthResponse, error) {
 	f.record("Health")
