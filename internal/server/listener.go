@@ -73,13 +73,13 @@ func classify(ctx context.Context, raw net.Conn, tlsConf *tls.Config, timeout ti
 	if err != nil {
 		return 0, nil, err
 	}
-	var inner net.Conn = &sniffedConn{Conn: raw, buf: first}
+	inner := raw
 	var state *tls.ConnectionState
 	if first[0] == 0x16 && first[1] == 0x03 {
 		if tlsConf == nil {
 			return 0, nil, errors.New("tls client on a plaintext listener")
 		}
-		tc := tls.Server(inner, tlsConf)
+		tc := tls.Server(&sniffedConn{Conn: raw, buf: first}, tlsConf)
 		hctx, cancel := context.WithTimeout(ctx, timeout)
 		err := tc.HandshakeContext(hctx)
 		cancel()
@@ -89,7 +89,7 @@ func classify(ctx context.Context, raw net.Conn, tlsConf *tls.Config, timeout ti
 		st := tc.ConnectionState()
 		state = &st
 		inner = tc
-		first = first[:0]
+		first = make([]byte, 0, 64)
 	} else if tlsConf != nil && tlsConf.ClientAuth == tls.RequireAndVerifyClientCert {
 		return 0, nil, errors.New("plaintext client while client certificates are required")
 	}
