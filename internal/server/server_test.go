@@ -223,7 +223,9 @@ func TestGetCurrentUser(t *testing.T) {
 func TestGetGatewayInfoAndDegradedHealth(t *testing.T) {
 	opts := Options{Deps: Deps{
 		Version: "v9.9.9",
-		Status:  func(context.Context) openshellv1.ServiceStatus { return openshellv1.ServiceStatus_SERVICE_STATUS_DEGRADED },
+		Status: func(context.Context) openshellv1.ServiceStatus {
+			return openshellv1.ServiceStatus_SERVICE_STATUS_DEGRADED
+		},
 		Drivers: func(context.Context) ([]DriverInfo, error) {
 			return []DriverInfo{{Name: "process", Capabilities: compute.Capabilities{DriverName: "process", DriverVersion: "1.2.3"}}}, nil
 		},
@@ -434,9 +436,12 @@ func TestCallbackListener(t *testing.T) {
 		t.Errorf("GetSandboxConfig() (dual) over the callback socket = %v, want Unimplemented (past auth)", err)
 	}
 	for name, call := range map[string]func() error{
-		"Health":         func() error { _, err := c.Health(ctx, &openshellv1.HealthRequest{}); return err },
-		"GetCurrentUser": func() error { _, err := c.GetCurrentUser(t.Context(), &openshellv1.GetCurrentUserRequest{}); return err },
-		"CreateSandbox":  func() error { _, err := c.CreateSandbox(t.Context(), &openshellv1.CreateSandboxRequest{}); return err },
+		"Health": func() error { _, err := c.Health(ctx, &openshellv1.HealthRequest{}); return err },
+		"GetCurrentUser": func() error {
+			_, err := c.GetCurrentUser(t.Context(), &openshellv1.GetCurrentUserRequest{})
+			return err
+		},
+		"CreateSandbox": func() error { _, err := c.CreateSandbox(t.Context(), &openshellv1.CreateSandboxRequest{}); return err },
 	} {
 		if err := call(); status.Code(err) != codes.PermissionDenied {
 			t.Errorf("%s() over the callback socket = %v, want PermissionDenied", name, err)
