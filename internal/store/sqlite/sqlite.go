@@ -1,0 +1,290 @@
+// Package sqlite is the SQLite backend of store.Store (modernc.org/sqlite,
+// no cgo): WAL journal, busy timeout, BEGIN IMMEDIATE write transactions
+// and a small pool; ":memory:" keeps one shared connection for unit tests.
+// The database file and its -wal/-shm sidecars are made mode 0600 on every
+// open; a missing parent directory is created with mode 0700.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	sqlite "modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/openshell-go/openshell/internal/store"
+	"github.com/openshell-go/openshell/internal/store/sqlstore"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Memory is the path that selects an in-memory database.
+const Memory = ":memory:"
+
+// Store is a SQLite-backed store.Store.
+type Store struct {
+	*sqlstore.Store
+	path string
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Options tune Open.
+type Options struct {
+	Logger      *slog.Logger
+	MaxConns    int           // default 4 (always 1 in memory)
+	BusyTimeout time.Duration // default 10s
+	Now         func() time.Time
+}
+
+// Open opens (creating and migrating) the database at path, or an
+// in-memory database for Memory.
+func Open(ctx context.Context, path string, opts Options) (*Store, error) {
+	if path == "" {
+		return nil, fmt.Errorf("sqlite: database path is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.MaxConns <= 0 {
+		opts.MaxConns = 4
+	}
+	if opts.BusyTimeout <= 0 {
+		opts.BusyTimeout = 10 * time.Second
+	}
+	mem := path == Memory
+	if !mem {
+		if err := prepareFile(path); err != nil {
+			return nil, err
+		}
+	}
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", opts.BusyTimeout.Milliseconds()))
+	q.Add("_pragma", "foreign_keys(1)")
+	if !mem {
+		q.Add("_pragma", "journal_mode(WAL)")
+		q.Add("_pragma", "synchronous(NORMAL)")
+	}
+	q.Set("_txlock", "immediate")
+	db, err := sql.Open("sqlite", path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite database %q: %w", path, err)
+	}
+	if mem {
+		// Every connection to :memory: is a separate database: keep exactly one, forever.
+		db.SetMaxOpenConns(1)
+		db.SetMaxIdleConns(1)
+		db.SetConnMaxLifetime(0)
+		db.SetConnMaxIdleTime(0)
+	} else {
+		db.SetMaxOpenConns(opts.MaxConns)
+		db.SetMaxIdleConns(opts.MaxConns)
+	}
+	adb := &sqlDB{db: db}
+	migs, err := migrations()
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	if err := sqlstore.Migrate(ctx, adb, migs, ""); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("sqlite database %q: %w", path, err)
+	}
+	if !mem {
+		if err := chmodFiles(path); err != nil {
+			db.Close()
+			return nil, err
+		}
+	}
+	s := &Store{
+		Store: sqlstore.New(adb, Dialect{}, sqlstore.Options{Logger: opts.Logger.With("component", "store/sqlite"), Now: opts.Now}),
+		path:  path,
+	}
+	return s, nil
+}
+
+func migrations() ([]sqlstore.Migration, error) {
+	return sqlstore.LoadMigrations(migrationFS, "migrations")
+}
+
+// Path returns the database path (Memory for in-memory databases).
+func (s *Store) Path() string { return s.path }
+
+// prepareFile creates the parent directory (0700) and the file (0600)
+// before SQLite touches them, so the data is never group/world readable.
+func prepareFile(path string) error {
+	dir := filepath.Dir(path)
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("sqlite database %q: create directory: %w", path, err)
+		}
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("sqlite database %q: cannot open for writing: %w", path, err)
+	}
+	return f.Close()
+}
+
+// chmodFiles makes the database and its sidecars 0600.
+func chmodFiles(path string) error {
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("sqlite database %q: chmod: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// Dialect is the SQLite dialect.
+type Dialect struct{}
+
+var _ sqlstore.Dialect = Dialect{}
+
+func (Dialect) Name() string                                                      { return "sqlite" }
+func (Dialect) Placeholder(int) string                                            { return "?" }
+func (Dialect) JSONParam(ph string) string                                        { return ph }
+func (Dialect) JSONText(col string) string                                        { return col }
+func (Dialect) ForUpdate() string                                                 { return "" }
+func (Dialect) LockScope(context.Context, sqlstore.Querier, string, string) error { return nil }
+
+// LabelMatch filters with json_extract per pair; keys are validated label
+// keys (no quotes), bound as JSON paths.
+func (Dialect) LabelMatch(sel map[string]string, bind func(any) string) string {
+	keys := make([]string, 0, len(sel))
+	for k := range sel {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = "json_extract(labels, " + bind(`$."`+k+`"`) + ") = " + bind(sel[k])
+	}
+	return "(" + strings.Join(parts, " AND ") + ")"
+}
+
+// UniqueViolation classifies SQLite constraint errors by the columns they
+// name.
+func (Dialect) UniqueViolation(err error) (string, bool) {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return "", false
+	}
+	if se.Code() != sqlite3.SQLITE_CONSTRAINT_UNIQUE && se.Code() != sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY {
+		return "", false
+	}
+	msg := se.Error()
+	switch {
+	case strings.Contains(msg, "objects.name"):
+		return "name", true
+	case strings.Contains(msg, "objects.version"):
+		return "version", true
+	case strings.Contains(msg, "objects.dedup_key"):
+		return "dedup", true
+	case strings.Contains(msg, "objects.id"):
+		return "primary", true
+	}
+	return "unknown", true
+}
+
+// Unavailable reports a database locked past the busy timeout.
+func (Dialect) Unavailable(err error) bool {
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		c := se.Code() & 0xff
+		return c == sqlite3.SQLITE_BUSY || c == sqlite3.SQLITE_LOCKED
+	}
+	return false
+}
+
+// sqlDB adapts *sql.DB to sqlstore.DB.
+type sqlDB struct{ db *sql.DB }
+
+type execer interface {
+	ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row
+	QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error)
+}
+
+func exec(ctx context.Context, e execer, q string, args ...any) (int64, error) {
+	res, err := e.ExecContext(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+type row struct{ r *sql.Row }
+
+func (r row) Scan(dest ...any) error {
+	err := r.r.Scan(dest...)
+	if errors.Is(err, sql.ErrNoRows) {
+		return sqlstore.ErrNoRows
+	}
+	return err
+}
+
+type rows struct{ *sql.Rows }
+
+func (r rows) Close() { _ = r.Rows.Close() }
+
+func query(ctx context.Context, e execer, q string, args ...any) (sqlstore.Rows, error) {
+	rs, err := e.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	return rows{rs}, nil
+}
+
+func (d *sqlDB) Exec(ctx context.Context, q string, args ...any) (int64, error) {
+	return exec(ctx, d.db, q, args...)
+}
+func (d *sqlDB) QueryRow(ctx context.Context, q string, args ...any) sqlstore.Row {
+	return row{d.db.QueryRowContext(ctx, q, args...)}
+}
+func (d *sqlDB) Query(ctx context.Context, q string, args ...any) (sqlstore.Rows, error) {
+	return query(ctx, d.db, q, args...)
+}
+func (d *sqlDB) Begin(ctx context.Context) (sqlstore.Tx, error) {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &sqlTx{tx: tx}, nil
+}
+func (d *sqlDB) Close() error { return d.db.Close() }
+
+// SQL returns the *sql.DB (benchmarks run raw statements on it).
+func (s *Store) SQL() *sql.DB { return s.DB().(*sqlDB).db }
+
+type sqlTx struct{ tx *sql.Tx }
+
+func (t *sqlTx) Exec(ctx context.Context, q string, args ...any) (int64, error) {
+	return exec(ctx, t.tx, q, args...)
+}
+func (t *sqlTx) QueryRow(ctx context.Context, q string, args ...any) sqlstore.Row {
+	return row{t.tx.QueryRowContext(ctx, q, args...)}
+}
+func (t *sqlTx) Query(ctx context.Context, q string, args ...any) (sqlstore.Rows, error) {
+	return query(ctx, t.tx, q, args...)
+}
+func (t *sqlTx) Commit(context.Context) error { return t.tx.Commit() }
+func (t *sqlTx) Rollback(context.Context) error {
+	err := t.tx.Rollback()
+	if errors.Is(err, sql.ErrTxDone) {
+		return nil
+	}
+	return err
+}
