@@ -70,6 +70,9 @@ func (a *app) connect(ctx context.Context, sb *openshellv1.Sandbox) error {
 	}
 	conn, chans, reqs, err := ssh.NewClientConn(tunnelConn{t}, "sandbox-"+name, cfg)
 	if err != nil {
+		if rerr := t.remoteErr(); rerr != nil {
+			err = rerr
+		}
 		return a.relayError(err, name)
 	}
 	client := ssh.NewClient(conn, chans, reqs)
@@ -184,7 +187,10 @@ OPENSHELL_SSH_TOKEN environment variable, so it never shows in process lists.`,
 			if err != nil {
 				return a.rpcError(err, fmt.Sprintf("sandbox %s", sandboxID))
 			}
-			return bridge(stdioConn{r: a.stdin, w: a.stdout}, t)
+			if err := bridge(stdioConn{r: a.stdin, w: a.stdout}, t); err != nil {
+				return a.rpcError(err, fmt.Sprintf("sandbox %s", sandboxID))
+			}
+			return nil
 		},
 	}
 	f := cmd.Flags()

@@ -26,6 +26,16 @@ type tunnel struct {
 	sendMu sync.Mutex
 	closed bool
 	buf    []byte
+
+	errMu   sync.Mutex
+	recvErr error // first receive error other than EOF
+}
+
+// remoteErr returns the gateway's error that ended the stream, if any.
+func (t *tunnel) remoteErr() error {
+	t.errMu.Lock()
+	defer t.errMu.Unlock()
+	return t.recvErr
 }
 
 // openTunnel starts ForwardTcp and sends init. The init carries the session
@@ -70,6 +80,13 @@ func (t *tunnel) Read(p []byte) (int, error) {
 	for len(t.buf) == 0 {
 		f, err := t.stream.Recv()
 		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				t.errMu.Lock()
+				if t.recvErr == nil {
+					t.recvErr = err
+				}
+				t.errMu.Unlock()
+			}
 			return 0, err
 		}
 		t.buf = f.GetData()
