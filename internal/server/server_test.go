@@ -505,7 +505,7 @@ func TestShutdownDrainsThenStops(t *testing.T) {
 	}
 }
 
-func TestStripsAuthSourceHeaderAndSetsRequestID(t *testing.T) {
+func TestRequestIDEchoed(t *testing.T) {
 	_, addr := startServer(t, Options{})
 	cc := dial(t, addr, nil)
 	var hdr metadata.MD
