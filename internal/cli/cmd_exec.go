@@ -36,7 +36,12 @@ the command (at most 960 KiB). With --tty (the default when stdin and stdout
 are terminals) the command gets a terminal of your window's size.`,
 		Example: `  openshell sandbox exec --name dev -- uname -a
   echo hi | openshell sandbox exec --name dev -- cat`,
-		Args: argsUsage(cobra.MinimumNArgs(1)),
+		Args: argsUsage(func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return errors.New("missing command: openshell sandbox exec --name NAME -- CMD...")
+			}
+			return nil
+		}),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if name == "" {
 				return usagef("--name is required")
@@ -155,16 +160,13 @@ func (a *app) execInteractive(ctx context.Context, name string, req *openshellv1
 	restore := a.makeRaw()
 	defer restore()
 
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
 	stopResize := a.onResize(func(w, h int) {
 		_ = send(&openshellv1.ExecSandboxInput{Payload: &openshellv1.ExecSandboxInput_Resize{Resize: &openshellv1.ExecSandboxWindowResize{Cols: uint32(w), Rows: uint32(h)}}})
 	})
 	defer stopResize()
-	// The stdin pump blocks in Read; it is joined through the deferred
-	// cancel only when stdin reaches EOF, so it is left running on a
-	// terminal (the process exits right after) and is not waited for.
+	// The stdin pump may block in Read on a terminal after the command
+	// exited; it cannot be interrupted portably, so it is not joined: it
+	// ends with the process (or at stdin EOF).
 	go func() {
 		buf := make([]byte, 32<<10)
 		for {

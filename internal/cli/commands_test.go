@@ -328,3 +328,38 @@ func TestDeleteReportsEachFailure(t *testing.T) {
 }
 
 var _ = io.EOF
+
+func TestExecTTYUsesInteractiveStream(t *testing.T) {
+	f := execFake()
+	var start *openshellv1.ExecSandboxRequest
+	f.execInteract = func(s grpc.BidiStreamingServer[openshellv1.ExecSandboxInput, openshellv1.ExecSandboxEvent]) error {
+		first, err := s.Recv()
+		if err != nil {
+			return err
+		}
+		start = first.GetStart()
+		if start == nil {
+			return status.Error(codes.InvalidArgument, "start must come first")
+		}
+		var in []byte
+		for {
+			msg, err := s.Recv()
+			if err != nil {
+				break // client closed stdin
+			}
+			in = append(in, msg.GetStdin()...)
+		}
+		_ = s.Send(&openshellv1.ExecSandboxEvent{Payload: &openshellv1.ExecSandboxEvent_Stdout{Stdout: &openshellv1.ExecSandboxStdout{Data: append([]byte("tty:"), in...)}}})
+		return s.Send(&openshellv1.ExecSandboxEvent{Payload: &openshellv1.ExecSandboxEvent_Exit{Exit: &openshellv1.ExecSandboxExit{ExitCode: 5}}})
+	}
+	ep := f.serve(t)
+	tt := newTester(t)
+	tt.stdin = strings.NewReader("typed keys")
+	r := tt.run("--gateway-endpoint", ep, "sandbox", "exec", "--name", "box", "--tty", "--", "bash")
+	if r.code() != 5 || r.stdout != "tty:typed keys" {
+		t.Errorf("exec --tty = code %d stdout %q (err %v)", r.code(), r.stdout, r.err)
+	}
+	if start.GetSandboxId() != "id-box" || !start.GetTty() || !cmp.Equal(start.GetCommand(), []string{"bash"}) {
+		t.Errorf("start = %v", start)
+	}
+}

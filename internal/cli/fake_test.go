@@ -33,6 +33,7 @@ type fakeGateway struct {
 	deleteSandbox  func(context.Context, *openshellv1.DeleteSandboxRequest) (*openshellv1.DeleteSandboxResponse, error)
 	createSSH      func(context.Context, *openshellv1.CreateSshSessionRequest) (*openshellv1.CreateSshSessionResponse, error)
 	execSandbox    func(*openshellv1.ExecSandboxRequest, grpc.ServerStreamingServer[openshellv1.ExecSandboxEvent]) error
+	execInteract   func(grpc.BidiStreamingServer[openshellv1.ExecSandboxInput, openshellv1.ExecSandboxEvent]) error
 	forwardTCP     func(grpc.BidiStreamingServer[openshellv1.TcpForwardFrame, openshellv1.TcpForwardFrame]) error
 	watchSandbox   func(*openshellv1.WatchSandboxRequest, grpc.ServerStreamingServer[openshellv1.SandboxStreamEvent]) error
 	getLogs        func(context.Context, *openshellv1.GetSandboxLogsRequest) (*openshellv1.GetSandboxLogsResponse, error)
@@ -127,6 +128,14 @@ func (f *fakeGateway) ExecSandbox(r *openshellv1.ExecSandboxRequest, s grpc.Serv
 		return unimpl("ExecSandbox")
 	}
 	return f.execSandbox(r, s)
+}
+
+func (f *fakeGateway) ExecSandboxInteractive(s grpc.BidiStreamingServer[openshellv1.ExecSandboxInput, openshellv1.ExecSandboxEvent]) error {
+	f.record("ExecSandboxInteractive")
+	if f.execInteract == nil {
+		return unimpl("ExecSandboxInteractive")
+	}
+	return f.execInteract(s)
 }
 
 func (f *fakeGateway) ForwardTcp(s grpc.BidiStreamingServer[openshellv1.TcpForwardFrame, openshellv1.TcpForwardFrame]) error {
