@@ -1,0 +1,182 @@
+package sandboxjwt
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/openshell-go/openshell/internal/auth"
+	"github.com/openshell-go/openshell/internal/errdefs"
+)
+
+type keyPair struct {
+	priv ed25519.PrivateKey
+	kid  string
+}
+
+func newKey(t *testing.T) keyPair {
+	t.Helper()
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kid, err := KeyID(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keyPair{priv, kid}
+}
+
+func (k keyPair) key() Key { return Key{KID: k.kid, Public: k.priv.Public().(ed25519.PublicKey)} }
+
+func req(tok string) *auth.Request {
+	return &auth.Request{FullMethod: "/openshell.v1.OpenShell/ConnectSupervisor", Metadata: metadata.Pairs("authorization", "Bearer "+tok)}
+}
+
+func TestKeyID(t *testing.T) {
+	k := newKey(t)
+	der, err := x509.MarshalPKIXPublicKey(k.priv.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(der)
+	if want := hex.EncodeToString(sum[:16]); k.kid != want || len(k.kid) != 32 {
+		t.Errorf("KeyID() = %q, want %q", k.kid, want)
+	}
+}
+
+func TestMintVerify(t *testing.T) {
+	k := newKey(t)
+	for _, ttl := range []time.Duration{0, time.Hour} {
+		iss, err := NewIssuer(k.priv, k.kid, "gw", ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok, exp, err := iss.Mint("sb-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (ttl == 0) != exp.IsZero() {
+			t.Errorf("Mint() expiry = %v with ttl %v", exp, ttl)
+		}
+		v, err := NewVerifier("gw", k.key())
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := v.Authenticate(t.Context(), req(tok))
+		if err != nil {
+			t.Fatalf("Authenticate() = %v", err)
+		}
+		if p.Kind != auth.KindSandbox || p.SandboxID != "sb-1" || p.Subject != "spiffe://openshell/sandbox/sb-1" || p.Source != auth.SourceSandboxJWT {
+			t.Errorf("Authenticate() = %+v", p)
+		}
+		c, err := v.Verify(tok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Issuer != "openshell-gateway:gw" || c.Audience != "openshell-gateway:gw" || (ttl == 0 && c.Expiry != 0) {
+			t.Errorf("claims = %+v", c)
+		}
+		// A verifier of another gateway refuses it.
+		other, _ := NewVerifier("other", k.key())
+		if _, err := other.Authenticate(t.Context(), req(tok)); !errors.Is(err, errdefs.ErrUnauthenticated) {
+			t.Errorf("other gateway Authenticate() = %v, want Unauthenticated", err)
+		}
+	}
+}
+
+func TestRotation(t *testing.T) {
+	old, cur := newKey(t), newKey(t)
+	v, err := NewVerifier("gw", cur.key(), old.key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []keyPair{old, cur} {
+		iss, _ := NewIssuer(k.priv, k.kid, "gw", 0)
+		tok, _, _ := iss.Mint("sb")
+		if p, err := v.Authenticate(t.Context(), req(tok)); err != nil || p == nil {
+			t.Errorf("token of key %s: Authenticate() = %v, %v", k.kid, p, err)
+		}
+	}
+	b, err := v.JWKS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var set jose.JSONWebKeySet
+	if err := json.Unmarshal(b, &set); err != nil {
+		t.Fatal(err)
+	}
+	if len(set.Keys) != 2 || set.Keys[0].KeyID != cur.kid || set.Keys[1].KeyID != old.kid {
+		t.Errorf("JWKS() = %s", b)
+	}
+	if _, err := NewVerifier("gw", cur.key(), cur.key()); err == nil {
+		t.Error("NewVerifier with a duplicate kid succeeded")
+	}
+}
+
+func TestVerifyRejections(t *testing.T) {
+	k := newKey(t)
+	v, _ := NewVerifier("gw", k.key())
+	aud := Audience("gw")
+	sign := func(alg jose.SignatureAlgorithm, key any, kid, typ string, claims map[string]any) string {
+		opts := (&jose.SignerOptions{}).WithHeader("kid", kid)
+		if typ != "" {
+			opts = opts.WithType(jose.ContentType(typ))
+		}
+		s, err := jose.NewSigner(jose.SigningKey{Algorithm: alg, Key: key}, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok, err := jwt.Signed(s).Claims(claims).Serialize()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	good := func() map[string]any {
+		return map[string]any{"sub": SubjectPrefix + "s", "iss": aud, "aud": aud, "iat": time.Now().Unix(), "exp": 0, "sandbox_id": "s"}
+	}
+	with := func(k string, v any) map[string]any { c := good(); c[k] = v; return c }
+	without := func(k string) map[string]any { c := good(); delete(c, k); return c }
+	tests := []struct {
+		name    string
+		tok     string
+		notMine bool
+		msg     string
+	}{
+		{"hs256 falls through", sign(jose.HS256, []byte("0123456789abcdef0123456789abcdef"), k.kid, "", good()), true, ""},
+		{"unknown kid falls through", sign(jose.EdDSA, k.priv, "nope", "", good()), true, ""},
+		{"not a jwt falls through", "abc", true, ""},
+		{"extension typ", sign(jose.EdDSA, k.priv, k.kid, ExtensionTokenType, good()), false, "extension tokens cannot authenticate to the gateway"},
+		{"expired", sign(jose.EdDSA, k.priv, k.kid, "", with("exp", time.Now().Add(-2*time.Minute).Unix())), false, "invalid token: token expired"},
+		{"future iat", sign(jose.EdDSA, k.priv, k.kid, "", with("iat", time.Now().Add(10*time.Minute).Unix())), false, "invalid token: token used before issued"},
+		{"wrong issuer", sign(jose.EdDSA, k.priv, k.kid, "", with("iss", "x")), false, "invalid token: wrong issuer"},
+		{"subject mismatch", sign(jose.EdDSA, k.priv, k.kid, "", with("sub", SubjectPrefix+"other")), false, "invalid token: subject does not name the sandbox"},
+		{"missing exp", sign(jose.EdDSA, k.priv, k.kid, "", without("exp")), false, "invalid token: missing claim exp"},
+		{"missing sandbox_id", sign(jose.EdDSA, k.priv, k.kid, "", without("sandbox_id")), false, "invalid token: missing claim sandbox_id"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := v.Authenticate(t.Context(), req(tc.tok))
+			if tc.notMine {
+				if p != nil || err != nil {
+					t.Errorf("Authenticate() = %v, %v, want (nil, nil)", p, err)
+				}
+				return
+			}
+			if !errors.Is(err, errdefs.ErrUnauthenticated) || err.Error() != tc.msg {
+				t.Errorf("Authenticate() = %v, %v, want Unauthenticated %q", p, err, tc.msg)
+			}
+		})
+	}
+}
