@@ -10,6 +10,7 @@ import (
 	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/store"
 	"github.com/openshell-go/openshell/internal/version"
 )
 
@@ -36,6 +37,8 @@ type Deps struct {
 	Version string
 	// Status reports the gateway's health; nil = always HEALTHY.
 	Status func(ctx context.Context) openshellv1.ServiceStatus
+	// Store is the gateway's durable state.
+	Store store.Store
 	// Drivers lists the configured compute drivers.
 	Drivers func(ctx context.Context) ([]DriverInfo, error)
 	// SandboxTokens mints sandbox JWTs; nil when JWT minting is off.
