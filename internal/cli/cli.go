@@ -148,6 +148,12 @@ func (a *app) run(ctx context.Context, args []string) error {
 			err = &usageError{err: err}
 		}
 	}
+	if errors.Is(err, context.Canceled) {
+		var uerr *userError
+		if !errors.As(err, &uerr) {
+			return &userError{msg: "interrupted", cause: err}
+		}
+	}
 	var ue *usageError
 	if errors.As(err, &ue) && cmd != nil {
 		return &usageError{err: fmt.Errorf("%w\nRun '%s --help' for usage", ue.err, cmd.CommandPath())}
