@@ -43,6 +43,9 @@ type Deps struct {
 	Drivers func(ctx context.Context) ([]DriverInfo, error)
 	// SandboxTokens mints sandbox JWTs; nil when JWT minting is off.
 	SandboxTokens SandboxTokenIssuer
+	// Sandboxes implements the sandbox, relay and supervisor RPCs
+	// (sandboxapi.Service); nil leaves them Unimplemented.
+	Sandboxes openshellv1.OpenShellServer
 }
 
 // OpenShellService implements openshell.v1.OpenShell. Its handlers are
@@ -50,7 +53,9 @@ type Deps struct {
 // Unimplemented. Handlers return errdefs errors and are safe for
 // concurrent use.
 type OpenShellService struct {
-	openshellv1.UnimplementedOpenShellServer
+	// OpenShellServer serves every RPC this type does not define itself:
+	// Deps.Sandboxes, or Unimplemented.
+	openshellv1.OpenShellServer
 	deps Deps
 }
 
@@ -64,7 +69,11 @@ func NewOpenShellService(deps Deps) *OpenShellService {
 	if deps.Version == "" {
 		deps.Version = version.Version
 	}
-	return &OpenShellService{deps: deps}
+	var rest openshellv1.OpenShellServer = openshellv1.UnimplementedOpenShellServer{}
+	if deps.Sandboxes != nil {
+		rest = deps.Sandboxes
+	}
+	return &OpenShellService{OpenShellServer: rest, deps: deps}
 }
 
 func (s *OpenShellService) status(ctx context.Context) openshellv1.ServiceStatus {
@@ -134,3 +143,9 @@ type InferenceService struct {
 }
 
 var _ inferencev1.InferenceServer = (*InferenceService)(nil)
+
+// GetInferenceBundle answers NotFound: no inference routes exist on this
+// gateway yet (supervisors tolerate NotFound).
+func (s *InferenceService) GetInferenceBundle(context.Context, *inferencev1.GetInferenceBundleRequest) (*inferencev1.GetInferenceBundleResponse, error) {
+	return nil, errdefs.NotFound("no inference route is configured")
+}

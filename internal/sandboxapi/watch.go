@@ -1,0 +1,116 @@
+package sandboxapi
+
+import (
+	"context"
+
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/sandboxlog"
+)
+
+const defaultLogTail = 200
+
+func logFilter(tail uint32, since int64, sources []string, minLevel string) sandboxlog.Filter {
+	return sandboxlog.Filter{Tail: int(tail), SinceMs: since, Sources: sources, MinLevel: minLevel}
+}
+
+// GetSandboxLogs returns recent log lines of a sandbox.
+func (s *Service) GetSandboxLogs(ctx context.Context, req *openshellv1.GetSandboxLogsRequest) (*openshellv1.GetSandboxLogsResponse, error) {
+	sb, err := s.sandboxForCaller(ctx, req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	if ws := req.GetWorkspace(); ws != "" && ws != sb.GetMetadata().GetWorkspace() {
+		return nil, errdefs.NotFound("sandbox not found")
+	}
+	lines := req.GetLines()
+	if lines == 0 {
+		lines = defaultLogTail
+	}
+	logs, total := s.o.Logs.Read(req.GetSandboxId(), logFilter(lines, req.GetSinceMs(), req.GetSources(), req.GetMinLevel()))
+	return &openshellv1.GetSandboxLogsResponse{Logs: logs, BufferTotal: total}, nil
+}
+
+// WatchSandbox streams a sandbox's snapshots, logs and platform events.
+// It always starts with the current snapshot; with stop_on_terminal it
+// ends once the sandbox is READY. It ends when the sandbox is deleted.
+func (s *Service) WatchSandbox(req *openshellv1.WatchSandboxRequest, stream openshellv1.OpenShell_WatchSandboxServer) error {
+	ctx := stream.Context()
+	if req.GetId() == "" {
+		return errdefs.InvalidArgument("id is required")
+	}
+	if err := ensureSandboxScope(ctx, req.GetId()); err != nil {
+		return err
+	}
+	// Subscribe before reading the snapshot so nothing falls in between.
+	updates, cancel := s.o.Engine.Subscribe(req.GetId())
+	defer cancel()
+	var logs <-chan *openshellv1.SandboxLogLine
+	if req.GetFollowLogs() {
+		ch, stop := s.o.Logs.Follow(req.GetId())
+		defer stop()
+		logs = ch
+	}
+	sb, err := s.o.Engine.GetByID(ctx, req.GetId())
+	if err != nil {
+		return err
+	}
+	send := func(ev *openshellv1.SandboxStreamEvent) error { return stream.Send(ev) }
+	if err := send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Sandbox{Sandbox: sb}}); err != nil {
+		return err
+	}
+	terminal := func(sb *openshellv1.Sandbox) bool {
+		return req.GetStopOnTerminal() && sb.GetStatus().GetPhase() == openshellv1.SandboxPhase_SANDBOX_PHASE_READY
+	}
+	if terminal(sb) {
+		return nil
+	}
+	if req.GetFollowEvents() {
+		for _, ev := range s.o.Engine.EventTail(req.GetId(), int(req.GetEventTail())) {
+			if err := send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Event{Event: ev}}); err != nil {
+				return err
+			}
+		}
+	}
+	filter := logFilter(req.GetLogTailLines(), req.GetLogSinceMs(), req.GetLogSources(), req.GetLogMinLevel())
+	if req.GetFollowLogs() {
+		if filter.Tail == 0 {
+			filter.Tail = defaultLogTail
+		}
+		tail, _ := s.o.Logs.Read(req.GetId(), filter)
+		for _, l := range tail {
+			if err := send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Log{Log: l}}); err != nil {
+				return err
+			}
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case u := <-updates:
+			if u.Platform != nil && req.GetFollowEvents() {
+				if err := send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Event{Event: u.Platform}}); err != nil {
+					return err
+				}
+			}
+			if u.Sandbox != nil && (req.GetFollowStatus() || u.Deleted) {
+				if err := send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Sandbox{Sandbox: u.Sandbox}}); err != nil {
+					return err
+				}
+				if terminal(u.Sandbox) {
+					return nil
+				}
+			}
+			if u.Deleted {
+				return nil
+			}
+		case l := <-logs:
+			if filter.Match(l) {
+				if err := send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Log{Log: l}}); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
