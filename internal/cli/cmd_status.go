@@ -54,6 +54,8 @@ func (a *app) newStatusCmd() *cobra.Command {
 			case status.Code(err) == codes.PermissionDenied:
 				// The caller is authenticated but not a platform admin.
 				auth = "authenticated (gateway details need the platform_admin role)"
+			case status.Code(err) == codes.Unimplemented:
+				auth = "unknown (the gateway does not serve GetGatewayInfo)"
 			default:
 				return a.rpcError(err, "")
 			}

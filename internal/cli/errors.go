@@ -48,7 +48,20 @@ func (a *app) rpcError(err error, what string) error {
 	var out string
 	switch st.Code() {
 	case codes.Unavailable:
-		out = fmt.Sprintf("cannot reach %s: %s (is openshell-gateway running?)", t.describe(), dialReason(msg))
+		reason := dialReason(msg)
+		hint := "is openshell-gateway running?"
+		switch {
+		case strings.Contains(reason, "certificate required"), strings.Contains(reason, "bad certificate"):
+			hint = "the gateway requires a client certificate: register it with 'openshell gateway add NAME --endpoint URL --ca ca.crt --cert tls.crt --key tls.key'"
+		case strings.Contains(reason, "unknown authority"), strings.Contains(reason, "certificate is not valid"):
+			hint = "the gateway's certificate is not trusted: register its CA with 'openshell gateway add NAME --endpoint URL --ca ca.crt', or use --gateway-insecure"
+		case strings.HasPrefix(t.Endpoint, "https://") && t.CertFile == "" &&
+			(strings.Contains(reason, "broken pipe") || strings.Contains(reason, "connection reset") || strings.Contains(reason, "EOF")):
+			hint = "is openshell-gateway running? if it requires a client certificate, register one with 'openshell gateway add NAME --endpoint URL --ca ca.crt --cert tls.crt --key tls.key'"
+		case strings.Contains(reason, "does not look like a TLS handshake"):
+			hint = "the endpoint does not speak TLS: try http:// instead of https://"
+		}
+		out = fmt.Sprintf("cannot reach %s: %s (%s)", t.describe(), reason, hint)
 	case codes.Unauthenticated:
 		hint := "register the gateway with a client certificate: 'openshell gateway add NAME --endpoint https://HOST:PORT --ca ca.crt --cert tls.crt --key tls.key'"
 		if t.CertFile != "" {
@@ -99,7 +112,8 @@ func (a *app) rpcError(err error, what string) error {
 func dialReason(msg string) string {
 	for _, r := range []string{"connection refused", "no such file or directory", "no route to host", "i/o timeout",
 		"certificate signed by unknown authority", "certificate is not valid", "connection reset by peer",
-		"first record does not look like a TLS handshake", "permission denied", "no such host"} {
+		"first record does not look like a TLS handshake", "permission denied", "no such host",
+		"certificate required", "bad certificate", "broken pipe"} {
 		if strings.Contains(msg, r) {
 			return r
 		}

@@ -1,0 +1,179 @@
+package cli
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+)
+
+type testPKI struct {
+	dir                     string
+	caCert                  *x509.Certificate
+	caKey                   *ecdsa.PrivateKey
+	caPEM                   string
+	serverCert              tls.Certificate
+	clientCrt, clientKeyPEM string
+}
+
+func writePEM(t *testing.T, path, typ string, der []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newTestPKI(t *testing.T) *testPKI {
+	t.Helper()
+	p := &testPKI{dir: t.TempDir()}
+	var err error
+	p.caKey, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &p.caKey.PublicKey, p.caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.caCert, _ = x509.ParseCertificate(caDER)
+	p.caPEM = filepath.Join(p.dir, "ca.crt")
+	writePEM(t, p.caPEM, "CERTIFICATE", caDER)
+
+	issue := func(cn string, usage x509.ExtKeyUsage, serial int64) (certDER, keyDER []byte, key *ecdsa.PrivateKey) {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn}, NotBefore: time.Now().Add(-time.Hour),
+			NotAfter: time.Now().Add(time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{usage}, KeyUsage: x509.KeyUsageDigitalSignature,
+			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
+		certDER, err = x509.CreateCertificate(rand.Reader, tmpl, p.caCert, &key.PublicKey, p.caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keyDER, err = x509.MarshalECPrivateKey(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return certDER, keyDER, key
+	}
+	sDER, _, sKey := issue("gateway", x509.ExtKeyUsageServerAuth, 2)
+	p.serverCert = tls.Certificate{Certificate: [][]byte{sDER}, PrivateKey: sKey}
+	cDER, cKeyDER, _ := issue("alice", x509.ExtKeyUsageClientAuth, 3)
+	p.clientCrt = filepath.Join(p.dir, "tls.crt")
+	p.clientKeyPEM = filepath.Join(p.dir, "tls.key")
+	writePEM(t, p.clientCrt, "CERTIFICATE", cDER)
+	writePEM(t, p.clientKeyPEM, "EC PRIVATE KEY", cKeyDER)
+	return p
+}
+
+// serveMTLS serves f over TLS requiring a client certificate from the CA.
+func (p *testPKI) serveMTLS(t *testing.T, f *fakeGateway) string {
+	t.Helper()
+	pool := x509.NewCertPool()
+	pool.AddCert(p.caCert)
+	creds := credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{p.serverCert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.Creds(creds))
+	openshellv1.RegisterOpenShellServer(srv, f)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Stop(); <-done })
+	return "https://" + ln.Addr().String()
+}
+
+func TestMTLSGateway(t *testing.T) {
+	p := newTestPKI(t)
+	ep := p.serveMTLS(t, listFake())
+	tt := newTester(t)
+	if r := tt.run("gateway", "add", "secure", "--endpoint", ep, "--ca", p.caPEM, "--cert", p.clientCrt, "--key", p.clientKeyPEM); r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r := tt.run("sandbox", "list", "--names"); r.err != nil || r.stdout != "alpha\nbeta-longer-name\n" {
+		t.Errorf("list over mTLS = %q (%v)", r.stdout, r.err)
+	}
+	if r := tt.run("status"); r.err != nil || !strings.Contains(r.stdout, "Connected") {
+		t.Errorf("status over mTLS = %q (%v)", r.stdout, r.err)
+	}
+
+	// Same endpoint without a client certificate: the handshake fails.
+	tt2 := newTester(t)
+	tt2.run("gateway", "add", "nocert", "--endpoint", ep, "--ca", p.caPEM)
+	if r := tt2.run("sandbox", "list"); r.code() != 1 || !strings.Contains(r.err.Error(), `cannot reach gateway "nocert"`) || !strings.Contains(r.err.Error(), "client certificate") {
+		t.Errorf("list without client cert = %v", r.err)
+	}
+	// Without the CA the server certificate is not trusted ...
+	r := tt2.run("--gateway-endpoint", ep, "sandbox", "list")
+	if r.code() != 1 || !strings.Contains(r.err.Error(), "certificate signed by unknown authority") || !strings.Contains(r.err.Error(), "--gateway-insecure") {
+		t.Errorf("list without CA = %v", r.err)
+	}
+
+	// The local TLS directory is picked up when nothing is registered.
+	tt3 := newTester(t)
+	tlsDir := filepath.Join(tt3.env["XDG_STATE_HOME"], "openshell", "tls")
+	for src, dst := range map[string]string{p.caPEM: "ca.crt", p.clientCrt: "client/tls.crt", p.clientKeyPEM: "client/tls.key"} {
+		b, _ := os.ReadFile(src)
+		writeFile(t, filepath.Join(tlsDir, dst), string(b))
+	}
+	tt3.setup = func(a *app) {}
+	tgt := func() gatewayTarget {
+		a := newApp(nil, &strings.Builder{}, &strings.Builder{})
+		a.getenv = func(k string) string { return tt3.env[k] }
+		a.lookupEnv = func(k string) (string, bool) { v, ok := tt3.env[k]; return v, ok }
+		g, err := a.resolveGateway()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}()
+	tgt.Endpoint = ep // the fake listens on a random port, not 17670
+	target, creds, err := dialTarget(tgt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := openshellv1.NewOpenShellClient(conn).Health(t.Context(), &openshellv1.HealthRequest{}); err != nil {
+		t.Errorf("Health with local TLS material: %v", err)
+	}
+}
+
+func TestUnixSocketEndpoint(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "gw.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	openshellv1.RegisterOpenShellServer(srv, listFake())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Stop(); <-done })
+	r := newTester(t).run("--gateway-endpoint", "unix://"+sock, "sandbox", "list", "--names")
+	if r.err != nil || r.stdout != "alpha\nbeta-longer-name\n" {
+		t.Errorf("list over unix socket = %q (%v)", r.stdout, r.err)
+	}
+}
