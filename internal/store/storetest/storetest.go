@@ -48,6 +48,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"PolicyRevisionRollback", testPolicyRevisionRollback},
 		{"Lease", testLease},
 		{"ConcurrentIncrements", testConcurrentIncrements},
+		{"ConcurrentScopedVersions", testConcurrentScoped},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore(t)) })
@@ -763,4 +764,42 @@ func testConcurrentIncrements(t *testing.T, s store.Store) {
 		t.Fatalf("resource version = %d, want %d", rv, workers*perWorker+1)
 	}
 	t.Logf("%d increments, %d conflicts retried", workers*perWorker, conflicts)
+}
+
+func testConcurrentScoped(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	const workers, perWorker = 4, 25
+	var wg sync.WaitGroup
+	versions := make(chan int64, workers*perWorker)
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Go(func() {
+			for range perWorker {
+				rec, err := s.CreateScoped(ctx, store.Record{Type: store.TypeSandboxPolicy, Scope: "sb", Status: "pending"})
+				if err != nil {
+					errs <- err
+					return
+				}
+				versions <- rec.Version
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	close(versions)
+	for err := range errs {
+		t.Fatalf("CreateScoped: %v", err)
+	}
+	seen := map[int64]bool{}
+	for v := range versions {
+		if seen[v] {
+			t.Fatalf("version %d assigned twice", v)
+		}
+		seen[v] = true
+	}
+	for v := int64(1); v <= workers*perWorker; v++ {
+		if !seen[v] {
+			t.Fatalf("version %d never assigned (got %d versions)", v, len(seen))
+		}
+	}
 }
