@@ -148,7 +148,18 @@ func Exec(ctx context.Context, conn net.Conn, req Request) (int, error) {
 	if len(req.Command) == 0 && !req.TTY {
 		return -1, errdefs.InvalidArgument("command is required")
 	}
-	cmd, err := BuildCommand(req.Command, req.Env, req.Workdir)
+	var cmd string
+	var err error
+	if len(req.Command) > 0 {
+		cmd, err = BuildCommand(req.Command, req.Env, req.Workdir)
+	} else {
+		// A login shell: env goes through "env" requests, the workdir
+		// through a cd before exec'ing the shell.
+		_, err = BuildCommand(nil, req.Env, "")
+		if err == nil && req.Workdir != "" {
+			cmd = "cd " + Quote(req.Workdir) + ` && exec "${SHELL:-/bin/sh}" -l`
+		}
+	}
 	if err != nil {
 		return -1, err
 	}
@@ -173,6 +184,18 @@ func Exec(ctx context.Context, conn net.Conn, req Request) (int, error) {
 	}
 	defer sess.Close()
 
+	if len(req.Command) == 0 {
+		keys := make([]string, 0, len(req.Env))
+		for k := range req.Env {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			if err := sess.Setenv(k, req.Env[k]); err != nil {
+				return -1, errdefs.Unavailable(fmt.Sprintf("ssh env request: %v", err))
+			}
+		}
+	}
 	var mu sync.Mutex
 	if req.Stdout != nil {
 		sess.Stdout = lockedWriter{&mu, req.Stdout}

@@ -1,17 +1,210 @@
-// Package supervisor is the openshell-sandbox supervisor that runs inside every sandbox.
+// Package supervisor is openshell-sandbox, the supervisor that runs inside
+// every sandbox workload.
+//
+// It authenticates to the gateway with the sandbox's JWT, fetches (or
+// seeds) the sandbox policy, keeps one ConnectSupervisor session open with
+// heartbeats and reconnects, serves RelayOpen requests by dialing its own
+// SSH server (a Unix socket inside the sandbox) or a loopback TCP port and
+// pumping the bytes over a RelayStream call, launches the sandbox's main
+// process and reports its exit, and streams its own log lines and the main
+// process's output with PushSandboxLogs.
+//
+// Run is the command entry point (configuration from OPENSHELL_* variables,
+// see docs/supervisor.md); Serve runs a supervisor from a Config built in
+// code.
 package supervisor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
 
+	"github.com/google/uuid"
+
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/version"
 )
 
-// Run runs openshell-sandbox with args (without the program name).
+// Config is a supervisor's configuration.
+type Config struct {
+	// Endpoint is the gateway: http://host:port, https://host:port or
+	// unix:///path.
+	Endpoint string
+	// TLS material for https endpoints: CA bundle, and an optional client
+	// certificate and key.
+	TLSCA, TLSCert, TLSKey string
+
+	SandboxID   string
+	SandboxName string // for the policy sync; defaults to SandboxID
+	InstanceID  string // defaults to a new UUID
+
+	// Identity, first non-empty wins: TokenFile, Token, K8sSATokenFile
+	// (exchanged through IssueSandboxToken).
+	TokenFile      string
+	Token          string
+	K8sSATokenFile string
+
+	// WorkspaceDir is the working directory of the main process and of
+	// SSH sessions. Empty means the current directory.
+	WorkspaceDir string
+	// Command is the main process argv; empty means /bin/bash -l (or
+	// /bin/sh). TTY runs it on a pseudo terminal.
+	Command []string
+	TTY     bool
+	// NoMainProcess skips the main process (tests of the relay alone).
+	NoMainProcess bool
+
+	// SSHSocket is the Unix socket of the SSH server; empty means a fresh
+	// private directory under the temp dir.
+	SSHSocket string
+
+	// StartupTimeout bounds the initial GetSandboxConfig retries.
+	StartupTimeout time.Duration
+	// ReconnectMin/Max bound the session reconnect backoff.
+	ReconnectMin, ReconnectMax time.Duration
+
+	// Process-driver contract (Linux, new namespaces): hostname to set,
+	// private tmpfs on /tmp, and a root filesystem to pivot into.
+	Hostname   string
+	PrivateTmp bool
+	Rootfs     string
+
+	// ReapAll makes the supervisor reap every child it inherits (PID 1).
+	ReapAll bool
+	// LogBuffer bounds the lines waiting for PushSandboxLogs.
+	LogBuffer int
+	// LogLevel of the supervisor's own log.
+	LogLevel slog.Level
+
+	// OnSessionAccepted, when set, is called after each SessionAccepted.
+	OnSessionAccepted func(sessionID string)
+}
+
+// Environment variables read by ConfigFromEnv.
+const (
+	EnvEndpoint       = "OPENSHELL_ENDPOINT"
+	EnvTLSCA          = "OPENSHELL_TLS_CA"
+	EnvTLSCert        = "OPENSHELL_TLS_CERT"
+	EnvTLSKey         = "OPENSHELL_TLS_KEY"
+	EnvSandboxID      = "OPENSHELL_SANDBOX_ID"
+	EnvSandboxName    = "OPENSHELL_SANDBOX_NAME"
+	EnvInstanceID     = "OPENSHELL_INSTANCE_ID"
+	EnvToken          = "OPENSHELL_SANDBOX_TOKEN"
+	EnvTokenFile      = "OPENSHELL_SANDBOX_TOKEN_FILE"
+	EnvK8sSATokenFile = "OPENSHELL_K8S_SA_TOKEN_FILE"
+	EnvWorkspaceDir   = "OPENSHELL_WORKSPACE_DIR"
+	EnvCommand        = "OPENSHELL_SANDBOX_COMMAND"
+	EnvTTY            = "OPENSHELL_SANDBOX_TTY"
+	EnvSSHSocket      = "OPENSHELL_SSH_SOCKET"
+	EnvStartupTimeout = "OPENSHELL_STARTUP_TIMEOUT"
+	EnvHostname       = "OPENSHELL_SANDBOX_HOSTNAME"
+	EnvPrivateTmp     = "OPENSHELL_PRIVATE_TMP"
+	EnvRootfs         = "OPENSHELL_ROOTFS"
+	EnvLogLevel       = "OPENSHELL_LOG_LEVEL"
+)
+
+// secretEnv are never passed to processes in the sandbox.
+var secretEnv = []string{EnvToken, EnvTLSKey}
+
+// ConfigFromEnv builds a Config from OPENSHELL_* variables.
+func ConfigFromEnv(getenv func(string) string) (Config, error) {
+	c := Config{
+		Endpoint:       getenv(EnvEndpoint),
+		TLSCA:          getenv(EnvTLSCA),
+		TLSCert:        getenv(EnvTLSCert),
+		TLSKey:         getenv(EnvTLSKey),
+		SandboxID:      getenv(EnvSandboxID),
+		SandboxName:    getenv(EnvSandboxName),
+		InstanceID:     getenv(EnvInstanceID),
+		Token:          getenv(EnvToken),
+		TokenFile:      getenv(EnvTokenFile),
+		K8sSATokenFile: getenv(EnvK8sSATokenFile),
+		WorkspaceDir:   getenv(EnvWorkspaceDir),
+		SSHSocket:      getenv(EnvSSHSocket),
+		Hostname:       getenv(EnvHostname),
+		Rootfs:         getenv(EnvRootfs),
+	}
+	var err error
+	if v := getenv(EnvCommand); v != "" {
+		if err := json.Unmarshal([]byte(v), &c.Command); err != nil {
+			return c, fmt.Errorf("%s must be a JSON array of strings: %w", EnvCommand, err)
+		}
+	}
+	if c.TTY, err = envBool(getenv, EnvTTY); err != nil {
+		return c, err
+	}
+	if c.PrivateTmp, err = envBool(getenv, EnvPrivateTmp); err != nil {
+		return c, err
+	}
+	if v := getenv(EnvStartupTimeout); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			secs, serr := strconv.Atoi(v)
+			if serr != nil {
+				return c, fmt.Errorf("%s: %q is not a duration", EnvStartupTimeout, v)
+			}
+			d = time.Duration(secs) * time.Second
+		}
+		c.StartupTimeout = d
+	}
+	if v := getenv(EnvLogLevel); v != "" {
+		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
+			return c, fmt.Errorf("%s: %w", EnvLogLevel, err)
+		}
+	}
+	return c, nil
+}
+
+func envBool(getenv func(string) string, k string) (bool, error) {
+	v := getenv(k)
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("%s: %q is not a boolean", k, v)
+	}
+	return b, nil
+}
+
+// Validate checks c and fills defaults.
+func (c *Config) Validate() error {
+	if c.Endpoint == "" {
+		return fmt.Errorf("%s is required", EnvEndpoint)
+	}
+	if c.SandboxID == "" {
+		return fmt.Errorf("%s is required", EnvSandboxID)
+	}
+	if c.SandboxName == "" {
+		c.SandboxName = c.SandboxID
+	}
+	if c.InstanceID == "" {
+		c.InstanceID = uuid.NewString()
+	}
+	if c.StartupTimeout <= 0 {
+		c.StartupTimeout = 2 * time.Minute
+	}
+	if c.ReconnectMin <= 0 {
+		c.ReconnectMin = 500 * time.Millisecond
+	}
+	if c.ReconnectMax <= 0 {
+		c.ReconnectMax = 30 * time.Second
+	}
+	return nil
+}
+
+// Run runs openshell-sandbox with args (without the program name),
+// configured from the environment.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("openshell-sandbox", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -23,7 +216,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "openshell-sandbox %s\n", version.Version)
 		return nil
 	}
-	return errors.New("serving is not implemented yet")
+	cfg, err := ConfigFromEnv(os.Getenv)
+	if err != nil {
+		return err
+	}
+	cfg.ReapAll = os.Getpid() == 1
+	return Serve(ctx, cfg, stdout, stderr)
 }
 
 // ExitCode maps an error returned by Run to a process exit code.
@@ -32,4 +230,126 @@ func ExitCode(err error) int {
 		return 0
 	}
 	return 1
+}
+
+// Serve runs a supervisor until ctx ends or startup fails. The supervisor's
+// log goes to stderr and to the gateway; the main process's output goes to
+// stdout/stderr and to the gateway.
+func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if err := setupNamespaces(cfg); err != nil {
+		return err
+	}
+
+	ts := &tokenSource{}
+	conn, err := dialGateway(cfg, ts)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	client := openshellv1.NewOpenShellClient(conn)
+
+	var pusher *logPusher
+	baseHandler := slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel})
+	pusher = newLogPusher(client, cfg.SandboxID, cfg.LogBuffer)
+	log := slog.New(&teeHandler{inner: baseHandler, pusher: pusher}).With("sandbox_id", cfg.SandboxID)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Shutdown runs in reverse start order through this stack.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+
+	tok, err := loadToken(ctx, &cfg, client)
+	if err != nil {
+		log.Error("cannot obtain a sandbox identity", "err", err)
+		return err
+	}
+	if tok == "" {
+		log.Warn("no sandbox token configured; calling the gateway without credentials")
+	}
+	ts.set(tok)
+	wg.Go(func() { refreshLoop(ctx, log.With("component", "token"), ts, client) })
+	wg.Go(func() { pusher.run(ctx) })
+
+	log.Info("openshell-sandbox starting", "version", version.Version, "instance_id", cfg.InstanceID, "endpoint", cfg.Endpoint)
+	if err := bootstrapConfig(ctx, log.With("component", "config"), client, cfg); err != nil {
+		log.Error("giving up on the sandbox configuration", "err", err)
+		return err
+	}
+
+	procs := newProcTable(cfg.ReapAll)
+	defer procs.Close()
+
+	sockPath := cfg.SSHSocket
+	if sockPath == "" {
+		dir, err := os.MkdirTemp("", "openshell-ssh-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		sockPath = filepath.Join(dir, "ssh.sock")
+	}
+	ln, err := listenUnix(sockPath)
+	if err != nil {
+		return fmt.Errorf("ssh server socket: %w", err)
+	}
+	srv, err := newSSHServer(log.With("component", "ssh"), procs, cfg.WorkspaceDir, childEnv(), loginShell())
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	wg.Go(func() { srv.serve(ln) })
+	defer ln.Close()
+
+	sc := &sessionClient{
+		log:        log.With("component", "session"),
+		client:     client,
+		sandboxID:  cfg.SandboxID,
+		instanceID: cfg.InstanceID,
+		sshSocket:  sockPath,
+		onAccepted: cfg.OnSessionAccepted,
+	}
+	wg.Go(func() {
+		reconnectLoop(ctx, sc.log, newBackoff(cfg.ReconnectMin, cfg.ReconnectMax), sleepCtx, sc.run)
+		sc.relays.Wait()
+	})
+
+	if !cfg.NoMainProcess {
+		wg.Go(func() {
+			runMainProcess(ctx, log.With("component", "process"), cfg, procs, pusher, client, stdout, stderr)
+		})
+	}
+	<-ctx.Done()
+	log.Info("openshell-sandbox stopping")
+	return nil
+}
+
+// childEnv is the supervisor's environment without its secrets.
+func childEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		secret := false
+		for _, s := range secretEnv {
+			if k == s {
+				secret = true
+			}
+		}
+		if !secret {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// loginShell is /bin/bash -l when bash exists, else /bin/sh -l.
+func loginShell() []string {
+	if _, err := os.Stat("/bin/bash"); err == nil {
+		return []string{"/bin/bash", "-l"}
+	}
+	return []string{"/bin/sh", "-l"}
 }
