@@ -169,7 +169,9 @@ type PolicyRevision struct {
 	SupersedeFrom   []string
 	// Fault, when set, is called after each step with its name
 	// ("backfill", "revision", "project", "supersede"); a non-nil error
-	// aborts the transaction. It exists for fault-injection tests.
+	// aborts the transaction. It exists for fault-injection tests. It runs
+	// while the transaction holds its locks (and, for in-memory SQLite, the
+	// only connection), so it must not call the store.
 	Fault func(step string) error
 }
 
