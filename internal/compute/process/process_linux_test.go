@@ -1,0 +1,654 @@
+//go:build linux
+
+package process_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/openshell-go/openshell/internal/compute"
+	"github.com/openshell-go/openshell/internal/compute/computetest"
+	"github.com/openshell-go/openshell/internal/compute/process"
+	"github.com/openshell-go/openshell/internal/errdefs"
+)
+
+const testToken = "eyJ.test-token.sig"
+
+var fakeSupervisor string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "process-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fakeSupervisor = filepath.Join(dir, "openshell-sandbox")
+	out, err := exec.Command("go", "build", "-o", fakeSupervisor, "./testdata/fakesupervisor").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build fake supervisor: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// requireNamespaces skips (or fails under CI=true) when the host cannot
+// create the sandbox namespaces.
+func requireNamespaces(t testing.TB) {
+	t.Helper()
+	d, err := process.Open(map[string]any{"supervisor_path": fakeSupervisor}, compute.FactoryDeps{StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	err = d.ValidateCreate(context.Background(), compute.Sandbox{ID: "probe", Name: "probe"})
+	if errdefs.Code(err) == codes.FailedPrecondition {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("namespaces unavailable under CI=true: %v", err)
+		}
+		t.Skipf("namespaces unavailable: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// open returns a process driver on stateDir with the fake supervisor.
+func open(t testing.TB, stateDir string, cfg map[string]any) *process.Driver {
+	t.Helper()
+	c := map[string]any{"supervisor_path": fakeSupervisor, "stop_grace_secs": 5}
+	for k, v := range cfg {
+		c[k] = v
+	}
+	d, err := process.Open(c, compute.FactoryDeps{
+		Logger: testLogger(t), StateDir: stateDir, GatewayEndpoint: "http://127.0.0.1:17670",
+	})
+	if err != nil {
+		t.Fatalf("process.Open() error = %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// cleanupSandboxes deletes every sandbox of d at test end.
+func cleanupSandboxes(t testing.TB, d compute.Driver) {
+	t.Cleanup(func() {
+		list, _ := d.List(context.Background())
+		for _, sb := range list {
+			_, _ = d.Delete(context.Background(), compute.Ref{ID: sb.ID})
+		}
+	})
+}
+
+func goodSandbox(id, name string) compute.Sandbox {
+	return compute.Sandbox{ID: id, Name: name, Workspace: "default", Spec: compute.Spec{
+		LogLevel:     "debug",
+		SandboxToken: testToken,
+		Command:      []string{"/bin/sh", "-c", "echo hi"},
+		Environment:  map[string]string{"FOO": "spec"},
+		Template:     compute.Template{Environment: map[string]string{"FOO": "template", "BAR": "template"}},
+	}}
+}
+
+func TestConformance(t *testing.T) {
+	requireNamespaces(t)
+	cgroupRoot := fakeCgroupRoot(t, "cpu")
+	computetest.Run(t, func(t *testing.T) compute.Driver {
+		d := open(t, t.TempDir(), map[string]any{"cgroup_root": cgroupRoot})
+		cleanupSandboxes(t, d)
+		return d
+	}, computetest.Options{
+		Sandbox: goodSandbox,
+		Invalid: map[string]func(id, name string) compute.Sandbox{
+			"registry image": func(id, name string) compute.Sandbox {
+				sb := goodSandbox(id, name)
+				sb.Spec.Template.Image = "ghcr.io/example/agent:latest"
+				return sb
+			},
+			"missing rootfs": func(id, name string) compute.Sandbox {
+				sb := goodSandbox(id, name)
+				sb.Spec.Template.Image = "dir:/nonexistent/rootfs"
+				return sb
+			},
+			"memory limit without controller": func(id, name string) compute.Sandbox {
+				sb := goodSandbox(id, name)
+				sb.Spec.Template.Resources.MemoryLimit = "1Gi"
+				return sb
+			},
+			"bad name": func(id, _ string) compute.Sandbox { return goodSandbox(id, "Not_A_Label") },
+			"path id":  func(_, name string) compute.Sandbox { return goodSandbox("../escape", name) },
+			"driver config": func(id, name string) compute.Sandbox {
+				sb := goodSandbox(id, name)
+				sb.Spec.Template.DriverConfig = map[string]any{"privileged": true}
+				return sb
+			},
+		},
+		Timeout: 20 * time.Second,
+	})
+}
+
+// fakeCgroupRoot makes a directory that looks like a cgroup2 root offering
+// only the given controllers.
+func fakeCgroupRoot(t testing.TB, controllers ...string) string {
+	t.Helper()
+	root := t.TempDir()
+	if err := os.WriteFile(filepath.Join(root, "cgroup.controllers"), []byte(strings.Join(controllers, " ")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+func TestValidateCreateErrors(t *testing.T) {
+	requireNamespaces(t)
+	noMemory := fakeCgroupRoot(t, "cpu", "hugetlb")
+	tests := []struct {
+		name    string
+		cfg     map[string]any
+		mutate  func(*compute.Sandbox)
+		code    codes.Code
+		message string // substring
+	}{
+		{"registry image", nil, func(sb *compute.Sandbox) { sb.Spec.Template.Image = "ubuntu:24.04" },
+			codes.InvalidArgument, "process driver cannot pull images; use a local rootfs directory or another driver"},
+		{"relative dir image", nil, func(sb *compute.Sandbox) { sb.Spec.Template.Image = "dir:rootfs" },
+			codes.InvalidArgument, "must be an absolute path"},
+		{"memory controller missing", map[string]any{"cgroup_root": noMemory},
+			func(sb *compute.Sandbox) { sb.Spec.Template.Resources.MemoryLimit = "512Mi" },
+			codes.FailedPrecondition, `memory limit requested but cgroup v2 controller "memory" is not available`},
+		{"memory request without controller", map[string]any{"cgroup_root": noMemory},
+			func(sb *compute.Sandbox) { sb.Spec.Template.Resources.MemoryRequest = "512Mi" },
+			codes.FailedPrecondition, `memory request requested but cgroup v2 controller "memory"`},
+		{"not a cgroup root", map[string]any{"cgroup_root": t.TempDir()},
+			func(sb *compute.Sandbox) { sb.Spec.Template.Resources.CPULimit = "500m" },
+			codes.FailedPrecondition, "is not a cgroup v2 hierarchy"},
+		{"bad cpu quantity", nil, func(sb *compute.Sandbox) { sb.Spec.Template.Resources.CPULimit = "lots" },
+			codes.InvalidArgument, `cpu limit "lots" is not a valid cpu quantity`},
+		{"request above limit", nil, func(sb *compute.Sandbox) {
+			sb.Spec.Template.Resources.MemoryRequest, sb.Spec.Template.Resources.MemoryLimit = "2Gi", "1Gi"
+		}, codes.InvalidArgument, "exceeds memory limit"},
+		{"gpu", nil, func(sb *compute.Sandbox) { n := uint32(1); sb.Spec.GPUCount = &n },
+			codes.FailedPrecondition, "does not support GPUs"},
+		{"env key with =", nil, func(sb *compute.Sandbox) { sb.Spec.Environment = map[string]string{"A=B": "x"} },
+			codes.InvalidArgument, "not a valid environment entry"},
+		{"missing supervisor", map[string]any{"supervisor_path": "/nonexistent/openshell-sandbox"}, func(*compute.Sandbox) {},
+			codes.FailedPrecondition, "supervisor binary /nonexistent/openshell-sandbox does not exist"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			state := t.TempDir()
+			d := open(t, state, tt.cfg)
+			sb := goodSandbox(computetest.NewID(), computetest.NewName())
+			tt.mutate(&sb)
+			for _, op := range []string{"ValidateCreate", "Create"} {
+				var err error
+				if op == "ValidateCreate" {
+					err = d.ValidateCreate(t.Context(), sb)
+				} else {
+					err = d.Create(t.Context(), sb)
+				}
+				if errdefs.Code(err) != tt.code || !strings.Contains(err.Error(), tt.message) {
+					t.Errorf("%s() error = %v (%v), want %v containing %q", op, err, errdefs.Code(err), tt.code, tt.message)
+				}
+			}
+			assertNothingLeft(t, state, sb.ID)
+		})
+	}
+}
+
+func assertNothingLeft(t *testing.T, stateDir, id string) {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(stateDir, "sandboxes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		t.Errorf("state left behind: %s", filepath.Join(stateDir, "sandboxes", e.Name()))
+	}
+	if pids := pidsWithEnv(t, "OPENSHELL_SANDBOX_ID="+id); len(pids) > 0 {
+		t.Errorf("processes left behind for %s: %v", id, pids)
+	}
+}
+
+// pidsWithEnv lists processes whose environment contains kv.
+func pidsWithEnv(t testing.TB, kv string) []int {
+	t.Helper()
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil {
+			continue
+		}
+		for _, v := range strings.Split(string(data), "\x00") {
+			if v == kv {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+func TestFailedCreateLeavesNothing(t *testing.T) {
+	requireNamespaces(t)
+	notExec := filepath.Join(t.TempDir(), "openshell-sandbox")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	state := t.TempDir()
+	d := open(t, state, map[string]any{"supervisor_path": notExec})
+	sb := goodSandbox(computetest.NewID(), computetest.NewName())
+	err := d.Create(t.Context(), sb)
+	if errdefs.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("Create() with non-executable supervisor error = %v, want FailedPrecondition", err)
+	}
+	assertNothingLeft(t, state, sb.ID)
+	if _, err := d.Get(t.Context(), compute.Ref{ID: sb.ID}); errdefs.Code(err) != codes.NotFound {
+		t.Errorf("Get after failed Create error = %v, want NotFound", err)
+	}
+	// The name is free again.
+	if list, _ := d.List(t.Context()); len(list) != 0 {
+		t.Errorf("List() after failed Create = %d sandboxes, want 0", len(list))
+	}
+}
+
+// readReport waits for the fake supervisor's report for instance.
+func readReport(t testing.TB, d compute.Driver, sb compute.Sandbox, stateDir string) map[string]any {
+	t.Helper()
+	got, err := d.Get(context.Background(), compute.Ref{ID: sb.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(stateDir, "sandboxes", sb.ID, "workspace", "report-"+got.Status.InstanceID+".json")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		data, err := os.ReadFile(path)
+		if err == nil {
+			var r map[string]any
+			if err := json.Unmarshal(data, &r); err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no supervisor report at %s: %v", path, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestSupervisorContract(t *testing.T) {
+	requireNamespaces(t)
+	state := t.TempDir()
+	d := open(t, state, nil)
+	cleanupSandboxes(t, d)
+	sb := goodSandbox(computetest.NewID(), "contract")
+	if err := d.Create(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	r := readReport(t, d, sb, state)
+	env := r["env"].(map[string]any)
+	ws := filepath.Join(state, "sandboxes", sb.ID, "workspace")
+	want := map[string]string{
+		"OPENSHELL_SANDBOX_ID":         sb.ID,
+		"OPENSHELL_SANDBOX_NAME":       "contract",
+		"OPENSHELL_ENDPOINT":           "http://127.0.0.1:17670",
+		"OPENSHELL_SANDBOX_TOKEN_FILE": filepath.Join(state, "sandboxes", sb.ID, "token"),
+		"OPENSHELL_SANDBOX_COMMAND":    `["/bin/sh","-c","echo hi"]`,
+		"OPENSHELL_SANDBOX_TTY":        "false",
+		"OPENSHELL_LOG_LEVEL":          "debug",
+		"OPENSHELL_WORKSPACE_DIR":      ws,
+		"OPENSHELL_SANDBOX_HOSTNAME":   "contract",
+		"OPENSHELL_SANDBOX_TMP_DIR":    filepath.Join(state, "sandboxes", sb.ID, "tmp"),
+		"FOO":                          "spec",
+		"BAR":                          "template",
+	}
+	for k, v := range want {
+		if env[k] != v {
+			t.Errorf("supervisor env %s = %v, want %q", k, env[k], v)
+		}
+	}
+	for k, v := range env {
+		if strings.Contains(fmt.Sprint(v), testToken) {
+			t.Errorf("token leaked into environment variable %s", k)
+		}
+	}
+	if r["pid"].(float64) != 1 {
+		t.Errorf("supervisor pid in its namespace = %v, want 1 (new pid namespace)", r["pid"])
+	}
+	if r["hostname"] != "contract" {
+		t.Errorf("supervisor hostname = %v (err %v), want contract", r["hostname"], r["hostname_err"])
+	}
+	if h, _ := os.Hostname(); h == "contract" {
+		t.Errorf("host hostname changed to the sandbox name: uts namespace not private")
+	}
+	if r["cwd"] != ws {
+		t.Errorf("supervisor cwd = %v, want %s", r["cwd"], ws)
+	}
+	if r["token_mode"] != "-rw-------" || r["token_len"].(float64) != float64(len(testToken)) {
+		t.Errorf("token file mode %v len %v, want -rw------- %d", r["token_mode"], r["token_len"], len(testToken))
+	}
+	got, _ := d.Get(t.Context(), compute.Ref{ID: sb.ID})
+	pid := pidOf(t, got)
+	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if strings.Contains(string(cmdline), testToken) {
+		t.Errorf("token on the supervisor command line")
+	}
+	if pgid, _ := syscall.Getpgid(pid); pgid != pid {
+		t.Errorf("supervisor pgid = %d, want its own group %d", pgid, pid)
+	}
+	for _, ns := range []string{"pid", "mnt", "uts", "ipc"} {
+		self, _ := os.Readlink("/proc/self/ns/" + ns)
+		child, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
+		if self == child {
+			t.Errorf("supervisor shares the %s namespace with the gateway (%s)", ns, self)
+		}
+	}
+	// Delete removes the directory with its token and workspace.
+	if ok, err := d.Delete(t.Context(), compute.Ref{ID: sb.ID}); !ok || err != nil {
+		t.Fatalf("Delete = %v, %v", ok, err)
+	}
+	if _, err := os.Stat(filepath.Join(state, "sandboxes", sb.ID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("sandbox directory after Delete: %v, want not exist", err)
+	}
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("supervisor %d still exists after Delete (kill 0 = %v)", pid, err)
+	}
+}
+
+// pidOf extracts the pid from the Running condition message.
+func pidOf(t testing.TB, sb compute.Sandbox) int {
+	t.Helper()
+	c, _ := computetest.Cond(sb, compute.ConditionReady)
+	var pid int
+	if _, err := fmt.Sscanf(c.Message, "supervisor process running (pid %d)", &pid); err != nil {
+		t.Fatalf("ready condition %+v has no pid: %v", c, err)
+	}
+	return pid
+}
+
+func TestStopStartKeepsWorkspace(t *testing.T) {
+	requireNamespaces(t)
+	state := t.TempDir()
+	d := open(t, state, nil)
+	cleanupSandboxes(t, d)
+	sb := goodSandbox(computetest.NewID(), computetest.NewName())
+	if err := d.Create(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	first, _ := d.Get(t.Context(), compute.Ref{ID: sb.ID})
+	pid := pidOf(t, first)
+	marker := filepath.Join(state, "sandboxes", sb.ID, "workspace", "keep.txt")
+	if err := os.WriteFile(marker, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if err := d.Stop(t.Context(), compute.Ref{ID: sb.ID}); err != nil {
+			t.Fatalf("Stop #%d error = %v", i+1, err)
+		}
+	}
+	got, _ := d.Get(t.Context(), compute.Ref{ID: sb.ID})
+	if c, _ := computetest.Cond(got, compute.ConditionSuspended); c.Status != "True" {
+		t.Errorf("conditions after Stop = %+v, want Suspended=True", got.Status.Conditions)
+	}
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("supervisor %d alive after Stop", pid)
+	}
+	// Stopped state is persisted: a new driver keeps it stopped.
+	d.Close()
+	d = open(t, state, nil)
+	got, err := d.Get(t.Context(), compute.Ref{ID: sb.ID})
+	if err != nil || !computetest.IsStopped(got) {
+		t.Fatalf("Get after reopen = %+v, %v, want stopped", got.Status, err)
+	}
+	if err := d.Start(t.Context(), compute.Ref{ID: sb.ID}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = d.Get(t.Context(), compute.Ref{ID: sb.ID})
+	if !computetest.IsReady(got) || got.Status.InstanceID == first.Status.InstanceID {
+		t.Errorf("after Start: %+v, want ready with a new instance id", got.Status)
+	}
+	if _, err := os.Stat(marker); err != nil {
+		t.Errorf("workspace file lost across stop/start: %v", err)
+	}
+	if _, err := d.Delete(t.Context(), compute.Ref{ID: sb.ID}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStopEscalatesToSIGKILL(t *testing.T) {
+	requireNamespaces(t)
+	state := t.TempDir()
+	d := open(t, state, map[string]any{"stop_grace_secs": 0.2})
+	cleanupSandboxes(t, d)
+	sb := goodSandbox(computetest.NewID(), computetest.NewName())
+	sb.Spec.Environment["FAKE_SUPERVISOR_IGNORE_TERM"] = "1"
+	if err := d.Create(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	readReport(t, d, sb, state) // SIGTERM is ignored from here on
+	got, _ := d.Get(t.Context(), compute.Ref{ID: sb.ID})
+	pid := pidOf(t, got)
+	start := time.Now()
+	if err := d.Stop(t.Context(), compute.Ref{ID: sb.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el < 200*time.Millisecond {
+		t.Errorf("Stop returned after %v, before the grace period", el)
+	}
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("supervisor %d alive after Stop", pid)
+	}
+}
+
+func watch(t *testing.T, d compute.Driver) <-chan compute.Event {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	ch, errf, err := d.Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		for range ch {
+		}
+		_ = errf()
+	})
+	return ch
+}
+
+func waitFor(t *testing.T, ch <-chan compute.Event, what string, pred func(compute.Event) bool) compute.Event {
+	t.Helper()
+	timer := time.NewTimer(20 * time.Second)
+	defer timer.Stop()
+	for {
+		select {
+		case ev, ok := <-ch:
+			if !ok {
+				t.Fatalf("watch closed waiting for %s", what)
+			}
+			if pred(ev) {
+				return ev
+			}
+		case <-timer.C:
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func TestProcessExitReported(t *testing.T) {
+	requireNamespaces(t)
+	tests := []struct {
+		name     string
+		env      string
+		kill     bool
+		wantMsg  string
+		wantMeta map[string]string
+	}{
+		{"sigkill", "", true, "killed by signal 9 (SIGKILL)", map[string]string{"signal": "SIGKILL", "exit_code": "137"}},
+		{"exit code", "3", false, "exited with code 3", map[string]string{"exit_code": "3"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := open(t, t.TempDir(), nil)
+			cleanupSandboxes(t, d)
+			ch := watch(t, d)
+			sb := goodSandbox(computetest.NewID(), computetest.NewName())
+			if tt.env != "" {
+				sb.Spec.Environment["FAKE_SUPERVISOR_EXIT"] = tt.env
+			}
+			if err := d.Create(t.Context(), sb); err != nil {
+				t.Fatal(err)
+			}
+			if tt.kill {
+				got, _ := d.Get(t.Context(), compute.Ref{ID: sb.ID})
+				if err := syscall.Kill(pidOf(t, got), syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+			}
+			pe := waitFor(t, ch, "platform event", func(ev compute.Event) bool {
+				return ev.Kind == compute.EventPlatform && ev.SandboxID == sb.ID
+			})
+			if pe.Platform.Reason != "ProcessExited" || !strings.Contains(pe.Platform.Message, tt.wantMsg) {
+				t.Errorf("platform event = %+v, want ProcessExited %q", pe.Platform, tt.wantMsg)
+			}
+			for k, v := range tt.wantMeta {
+				if pe.Platform.Metadata[k] != v {
+					t.Errorf("platform metadata %s = %q, want %q", k, pe.Platform.Metadata[k], v)
+				}
+			}
+			ev := waitFor(t, ch, "not-ready event", func(ev compute.Event) bool {
+				return ev.Kind == compute.EventSandbox && ev.SandboxID == sb.ID && !computetest.IsReady(ev.Sandbox)
+			})
+			c, _ := computetest.Cond(ev.Sandbox, compute.ConditionReady)
+			if c.Status != "False" || c.Reason != "ProcessExited" || !strings.Contains(c.Message, tt.wantMsg) {
+				t.Errorf("ready condition = %+v, want False/ProcessExited %q", c, tt.wantMsg)
+			}
+			// Start brings it back with a new incarnation.
+			if tt.kill {
+				if err := d.Start(t.Context(), compute.Ref{ID: sb.ID}); err != nil {
+					t.Fatal(err)
+				}
+				if got, _ := d.Get(t.Context(), compute.Ref{ID: sb.ID}); !computetest.IsReady(got) {
+					t.Errorf("after Start: %+v, want ready", got.Status)
+				}
+			}
+		})
+	}
+}
+
+func TestRediscoverAfterRestart(t *testing.T) {
+	requireNamespaces(t)
+	state := t.TempDir()
+	d1 := open(t, state, nil)
+	alive := goodSandbox(computetest.NewID(), "alive")
+	dead := goodSandbox(computetest.NewID(), "dead")
+	for _, sb := range []compute.Sandbox{alive, dead} {
+		if err := d1.Create(t.Context(), sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a1, _ := d1.Get(t.Context(), compute.Ref{ID: alive.ID})
+	x1, _ := d1.Get(t.Context(), compute.Ref{ID: dead.ID})
+	if err := d1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The gateway is "down": one supervisor dies meanwhile.
+	if err := syscall.Kill(pidOf(t, x1), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+
+	d2 := open(t, state, nil)
+	cleanupSandboxes(t, d2)
+	a2, err := d2.Get(t.Context(), compute.Ref{ID: alive.ID})
+	if err != nil || !computetest.IsReady(a2) {
+		t.Fatalf("Get(alive) after restart = %+v, %v, want ready", a2.Status, err)
+	}
+	if pidOf(t, a2) != pidOf(t, a1) || a2.Status.InstanceID != a1.Status.InstanceID {
+		t.Errorf("alive after restart: pid %d instance %s, want the original %d %s",
+			pidOf(t, a2), a2.Status.InstanceID, pidOf(t, a1), a1.Status.InstanceID)
+	}
+	// Start on a live record does nothing: no second supervisor.
+	if err := d2.Start(t.Context(), compute.Ref{ID: alive.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if pids := pidsWithEnv(t, "OPENSHELL_SANDBOX_ID="+alive.ID); len(pids) != 1 {
+		t.Errorf("supervisors for %s after restart + Start = %v, want exactly one", alive.ID, pids)
+	}
+	// The dead one is reported as exited, eventually (its exit is reaped by
+	// the new driver's monitor when it was our child, or found dead at open).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		x2, err := d2.Get(t.Context(), compute.Ref{ID: dead.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, _ := computetest.Cond(x2, compute.ConditionReady); c.Status == "False" && c.Reason == "ProcessExited" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dead sandbox after restart: %+v, want Ready=False/ProcessExited", x2.Status)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The re-attached process is still managed: Stop ends it.
+	if err := d2.Stop(t.Context(), compute.Ref{ID: alive.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pidOf(t, a1), 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("re-attached supervisor alive after Stop")
+	}
+}
+
+func TestRealSupervisor(t *testing.T) {
+	dir := os.Getenv("OPENSHELL_TEST_BIN_DIR")
+	bin := filepath.Join(dir, "openshell-sandbox")
+	if _, err := os.Stat(bin); dir == "" || err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true but %s is not built (OPENSHELL_TEST_BIN_DIR=%q)", bin, dir)
+		}
+		t.Skip("set OPENSHELL_TEST_BIN_DIR to a directory with a built openshell-sandbox")
+	}
+	requireNamespaces(t)
+	state := t.TempDir()
+	d := open(t, state, map[string]any{"supervisor_path": bin})
+	cleanupSandboxes(t, d)
+	ch := watch(t, d)
+	sb := goodSandbox(computetest.NewID(), computetest.NewName())
+	if err := d.Create(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	ev := waitFor(t, ch, "ready", func(ev compute.Event) bool {
+		return ev.Kind == compute.EventSandbox && ev.SandboxID == sb.ID && computetest.IsReady(ev.Sandbox)
+	})
+	t.Logf("real supervisor started: %+v", ev.Sandbox.Status.Conditions)
+	// Without a gateway to dial, the supervisor may exit; either way the
+	// driver must account for it.
+	if _, err := d.Delete(t.Context(), compute.Ref{ID: sb.ID}); err != nil {
+		t.Fatal(err)
+	}
+	log, _ := os.ReadFile(filepath.Join(state, "sandboxes", sb.ID, "supervisor.log"))
+	if strings.Contains(string(log), testToken) {
+		t.Error("token in supervisor log")
+	}
+}
