@@ -100,24 +100,36 @@ func refreshAt(now, iat, exp time.Time) time.Time {
 	return iat.Add(exp.Sub(iat) * 8 / 10)
 }
 
-// loadToken resolves the initial sandbox JWT from the configuration.
-func loadToken(ctx context.Context, cfg *Config, client openshellv1.OpenShellClient) (string, error) {
-	switch {
-	case cfg.TokenFile != "":
+// preloadCredentials reads the token files into cfg (TokenFile wins over
+// Token; the ServiceAccount token is only used when neither is set).
+func preloadCredentials(cfg *Config) error {
+	if cfg.TokenFile != "" {
 		b, err := os.ReadFile(cfg.TokenFile)
 		if err != nil {
-			return "", fmt.Errorf("read sandbox token file: %w", err)
+			return fmt.Errorf("read sandbox token file: %w", err)
 		}
-		return strings.TrimSpace(string(b)), nil
-	case cfg.Token != "":
-		return cfg.Token, nil
-	case cfg.K8sSATokenFile != "":
+		cfg.Token = strings.TrimSpace(string(b))
+		cfg.TokenFile = ""
+	}
+	if cfg.Token == "" && cfg.K8sSATokenFile != "" {
 		b, err := os.ReadFile(cfg.K8sSATokenFile)
 		if err != nil {
-			return "", fmt.Errorf("read service account token file: %w", err)
+			return fmt.Errorf("read service account token file: %w", err)
 		}
-		sa := strings.TrimSpace(string(b))
-		resp, err := client.IssueSandboxToken(ctx, &openshellv1.IssueSandboxTokenRequest{}, grpc.PerRPCCredentials(staticBearer(sa)))
+		cfg.k8sSAToken = strings.TrimSpace(string(b))
+		cfg.K8sSATokenFile = ""
+	}
+	return nil
+}
+
+// loadToken resolves the initial sandbox JWT from the preloaded
+// configuration, exchanging a ServiceAccount token when that is all there is.
+func loadToken(ctx context.Context, cfg *Config, client openshellv1.OpenShellClient) (string, error) {
+	switch {
+	case cfg.Token != "":
+		return cfg.Token, nil
+	case cfg.k8sSAToken != "":
+		resp, err := client.IssueSandboxToken(ctx, &openshellv1.IssueSandboxTokenRequest{}, grpc.PerRPCCredentials(staticBearer(cfg.k8sSAToken)))
 		if err != nil {
 			return "", fmt.Errorf("exchange service account token for a sandbox token: %w", err)
 		}

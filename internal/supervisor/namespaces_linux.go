@@ -3,6 +3,10 @@ package supervisor
 import (
 	"errors"
 	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -29,4 +33,23 @@ func setupNamespaces(cfg Config) error {
 		}
 	}
 	return nil
+}
+
+// pinUnixEndpoint keeps a unix:// gateway socket reachable after a private
+// /tmp hides its directory: it opens the directory now and rewrites the
+// endpoint to go through /proc/self/fd. The returned file must stay open.
+func pinUnixEndpoint(cfg *Config) (*os.File, error) {
+	if !cfg.PrivateTmp || !strings.HasPrefix(cfg.Endpoint, "unix://") {
+		return nil, nil
+	}
+	u, err := url.Parse(cfg.Endpoint)
+	if err != nil || u.Path == "" {
+		return nil, fmt.Errorf("%s: invalid unix endpoint", EnvEndpoint)
+	}
+	dir, err := os.OpenFile(filepath.Dir(u.Path), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open gateway socket directory: %w", err)
+	}
+	cfg.Endpoint = fmt.Sprintf("unix:///proc/self/fd/%d/%s", dir.Fd(), filepath.Base(u.Path))
+	return dir, nil
 }

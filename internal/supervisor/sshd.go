@@ -329,7 +329,7 @@ func (s *sshServer) start(ch ssh.Channel, argv, env []string, pt *ptyReq) (*proc
 	out.Go(func() { io.Copy(ch, ptmx) }) //nolint:errcheck // EIO once the last tty holder exits
 	p.stdinDone = make(chan struct{})
 	go func() { defer close(p.stdinDone); io.Copy(ptmx, ch) }() //nolint:errcheck // ends when the channel or pty closes
-	p.waitOutput = out.Wait // the caller closes ptmx afterwards
+	p.waitOutput = out.Wait                                     // the caller closes ptmx afterwards
 	return p, ptmx, nil
 }
 

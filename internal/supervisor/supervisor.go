@@ -88,6 +88,8 @@ type Config struct {
 
 	// OnSessionAccepted, when set, is called after each SessionAccepted.
 	OnSessionAccepted func(sessionID string)
+
+	k8sSAToken string // preloaded from K8sSATokenFile
 }
 
 // Environment variables read by ConfigFromEnv.
@@ -239,16 +241,33 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if err := setupNamespaces(cfg); err != nil {
+	// Everything read from the filesystem before the namespace setup (which
+	// may hide /tmp behind a private tmpfs) is read now: credentials, TLS
+	// material, and a handle on the gateway socket's directory.
+	if err := preloadCredentials(&cfg); err != nil {
 		return err
 	}
-
+	keep, err := pinUnixEndpoint(&cfg)
+	if err != nil {
+		return err
+	}
+	if keep != nil {
+		defer keep.Close()
+	}
 	ts := &tokenSource{}
 	conn, err := dialGateway(cfg, ts)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
+	if err := setupNamespaces(cfg); err != nil {
+		return err
+	}
+	if cfg.WorkspaceDir != "" {
+		if fi, err := os.Stat(cfg.WorkspaceDir); err != nil || !fi.IsDir() {
+			return fmt.Errorf("workspace directory %s is not usable (a private /tmp hides paths under /tmp): %v", cfg.WorkspaceDir, err)
+		}
+	}
 	client := openshellv1.NewOpenShellClient(conn)
 
 	var pusher *logPusher

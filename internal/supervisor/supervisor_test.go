@@ -535,4 +535,3 @@ func TestConfigFromEnv(t *testing.T) {
 		t.Errorf("Serve(ftp endpoint) = %v", err)
 	}
 }
-
