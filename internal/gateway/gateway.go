@@ -1,5 +1,7 @@
-// Package gateway is the openshell-gateway program: flag parsing, wiring of
-// configuration, store, compute driver and server, and the process lifecycle.
+// Package gateway is the openshell-gateway program: it parses the
+// configuration, opens the store, selects the compute driver, wires the
+// lifecycle engine, relays and API services into the server, and owns the
+// process lifecycle (signals, drain, shutdown in reverse start order).
 package gateway
 
 import (
@@ -8,23 +10,55 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
 
+	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
+	"github.com/openshell-go/openshell/internal/auth"
+	"github.com/openshell-go/openshell/internal/auth/mtls"
+	"github.com/openshell-go/openshell/internal/auth/oidc"
+	"github.com/openshell-go/openshell/internal/auth/sandboxjwt"
+	"github.com/openshell-go/openshell/internal/compute"
+	"github.com/openshell-go/openshell/internal/config"
+	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/lifecycle"
+	"github.com/openshell-go/openshell/internal/pki"
+	"github.com/openshell-go/openshell/internal/relay"
+	"github.com/openshell-go/openshell/internal/sandboxapi"
+	"github.com/openshell-go/openshell/internal/sandboxlog"
+	"github.com/openshell-go/openshell/internal/server"
+	"github.com/openshell-go/openshell/internal/store"
+	storeopen "github.com/openshell-go/openshell/internal/store/open"
 	"github.com/openshell-go/openshell/internal/version"
 )
 
 // Run runs openshell-gateway with args (without the program name).
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("openshell-gateway", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	showVersion := fs.Bool("version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
+	if len(args) > 0 {
+		switch args[0] {
+		case "generate-certs":
+			return RunGenerateCerts(ctx, args[1:], stdout, stderr)
+		case "driver":
+			return runDriver(ctx, args[1:], stdout, stderr)
+		}
+	}
+	cfg, err := config.Load(args, os.LookupEnv, stderr)
+	if err != nil {
 		return err
 	}
-	if *showVersion {
+	if cfg.ShowVersion {
 		fmt.Fprintf(stdout, "openshell-gateway %s\n", version.Version)
 		return nil
 	}
-	return errors.New("serving is not implemented yet")
+	logger := newLogger(stderr, cfg.LogLevel)
+	return Serve(ctx, cfg, logger)
 }
 
 // ExitCode maps an error returned by Run to a process exit code.
@@ -32,5 +66,378 @@ func ExitCode(err error) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
+	var ue *usageError
+	if errors.As(err, &ue) {
+		return 2
+	}
 	return 1
+}
+
+// usageError is a command-line mistake (exit code 2).
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func newLogger(w io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+// Serve runs the gateway for cfg until ctx ends. It is what Run calls after
+// parsing; tests call it with a config built in code.
+func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err error) {
+	var cleanups []func()
+	defer func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}()
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("state dir %s: %w", cfg.StateDir, err)
+	}
+
+	// Listener first: a taken port fails fast, before anything is touched.
+	ln, err := net.Listen("tcp", cfg.Addr())
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Addr(), err)
+	}
+	cleanups = append(cleanups, func() { ln.Close() })
+
+	st, err := storeopen.Open(ctx, cfg.DatabaseURL, logger)
+	if err != nil {
+		return fmt.Errorf("open store: %w", err)
+	}
+	cleanups = append(cleanups, func() { st.Close() })
+	if err := ensureDefaultWorkspace(ctx, st); err != nil {
+		return err
+	}
+
+	// Sandbox identity.
+	var issuer *sandboxjwt.Issuer
+	var verifier *sandboxjwt.Verifier
+	if cfg.JWT.Enabled() {
+		priv, pub, kid, err := pki.LoadJWTKeys(cfg.JWT.SigningKeyPath, cfg.JWT.PublicKeyPath, cfg.JWT.KIDPath)
+		if err != nil {
+			return fmt.Errorf("gateway jwt keys: %w", err)
+		}
+		if issuer, err = sandboxjwt.NewIssuer(priv, kid, cfg.JWT.GatewayID, cfg.JWT.TTL); err != nil {
+			return err
+		}
+		if verifier, err = sandboxjwt.NewVerifier(cfg.JWT.GatewayID, sandboxjwt.Key{KID: kid, Public: pub}); err != nil {
+			return err
+		}
+	} else {
+		logger.Warn("sandbox JWT issuer not configured: sandboxes cannot authenticate to this gateway; run `openshell-gateway generate-certs` or set [openshell.gateway.gateway_jwt]")
+	}
+
+	// Callback socket for local drivers' sandboxes: sandbox RPCs only.
+	runDir := filepath.Join(cfg.StateDir, "run")
+	if err := os.MkdirAll(runDir, 0o700); err != nil {
+		return err
+	}
+	cbPath := filepath.Join(runDir, "gateway.sock")
+	_ = os.Remove(cbPath)
+	cbLn, err := net.Listen("unix", cbPath)
+	if err != nil {
+		return fmt.Errorf("callback socket %s: %w", cbPath, err)
+	}
+	if err := os.Chmod(cbPath, 0o600); err != nil {
+		return err
+	}
+	cleanups = append(cleanups, func() { cbLn.Close(); os.Remove(cbPath) })
+
+	driverName, driver, err := selectDriver(ctx, cfg, logger, "unix://"+cbPath)
+	if err != nil {
+		return err
+	}
+	if c, ok := driver.(io.Closer); ok {
+		cleanups = append(cleanups, func() { c.Close() })
+	}
+	caps, err := driver.Capabilities(ctx)
+	if err != nil {
+		return fmt.Errorf("compute driver %s: %w", driverName, err)
+	}
+	logger.Info("compute driver selected", "driver", driverName, "version", caps.DriverVersion)
+
+	var minter lifecycle.TokenIssuer
+	if issuer != nil {
+		minter = issuer
+	}
+	engine, err := lifecycle.New(ctx, lifecycle.Options{
+		Store: lifecycle.ObjectStore{S: st}, Driver: driver, DriverName: driverName, Issuer: minter, Logger: logger,
+	})
+	if err != nil {
+		return err
+	}
+	relays := relay.New(relay.Config{
+		SandboxExists: engine.SandboxExists,
+		OnSessionChange: func(id string, connected bool, instance string) {
+			engine.SessionChanged(context.WithoutCancel(ctx), id, connected, instance)
+		},
+		Logger: logger,
+	})
+	cleanups = append(cleanups, relays.Close)
+
+	host, port := gatewayHostPort(cfg)
+	scheme := "http"
+	if cfg.TLS.Enabled {
+		scheme = "https"
+	}
+	var apiMinter sandboxapi.TokenMinter
+	if issuer != nil {
+		apiMinter = issuer
+	}
+	sandboxes := sandboxapi.New(sandboxapi.Options{
+		Engine: engine, Relay: relays, Logs: sandboxlog.New(0), Store: st, Minter: apiMinter,
+		SSHSessionTTL: cfg.SSHSessionTTL, GatewayHost: host, GatewayPort: port, GatewayScheme: scheme, Logger: logger,
+	})
+
+	chain, authz, err := buildAuth(cfg, verifier)
+	if err != nil {
+		return err
+	}
+	srvOpts := server.Options{
+		Logger: logger, Authenticator: chain, Authorizer: authz, CallbackListener: cbLn,
+		RateLimit: server.RateLimit{Requests: cfg.RateLimit.Requests, Window: cfg.RateLimit.Window},
+		Deps: server.Deps{
+			Logger: logger, Sandboxes: sandboxes,
+			Drivers: func(context.Context) ([]server.DriverInfo, error) {
+				return []server.DriverInfo{{Name: driverName, Capabilities: caps}}, nil
+			},
+		},
+	}
+	if issuer != nil {
+		srvOpts.Deps.SandboxTokens = issuer
+	}
+	if verifier != nil {
+		srvOpts.JWKS = verifier.JWKS
+	}
+	if cfg.TLS.Enabled {
+		tc, err := pki.ServerTLSConfig(cfg.TLS.CertPath, cfg.TLS.KeyPath, cfg.TLS.ClientCAPath, cfg.TLS.RequireClientAuth)
+		if err != nil {
+			return fmt.Errorf("tls: %w", err)
+		}
+		srvOpts.TLSConfig = tc
+	}
+	for _, aux := range []struct {
+		addr string
+		dst  *net.Listener
+	}{{cfg.HealthAddress, &srvOpts.HealthListener}, {cfg.MetricsAddress, &srvOpts.MetricsListener}} {
+		if aux.addr == "" {
+			continue
+		}
+		l, err := net.Listen("tcp", aux.addr)
+		if err != nil {
+			return fmt.Errorf("listen on %s: %w", aux.addr, err)
+		}
+		*aux.dst = l
+		cleanups = append(cleanups, func() { l.Close() })
+	}
+	var ready sync.Once
+	readyCh := make(chan struct{})
+	srvOpts.Ready = func() bool {
+		select {
+		case <-readyCh:
+			return true
+		default:
+			return false
+		}
+	}
+	srv, err := server.New(srvOpts)
+	if err != nil {
+		return err
+	}
+
+	// Reconcile store and backends, then start watching. The server only
+	// reports ready after that.
+	engineCtx, stopEngine := context.WithCancel(context.WithoutCancel(ctx))
+	engineDone := make(chan error, 1)
+	if err := engine.Recover(ctx); err != nil {
+		logger.Warn("recover sandboxes", "err", err)
+	}
+	go func() { engineDone <- engine.Run(engineCtx) }()
+	ready.Do(func() { close(readyCh) })
+
+	logger.Info("openshell-gateway serving", "addr", ln.Addr().String(), "tls", cfg.TLS.Enabled, "driver", driverName,
+		"database", redactURL(cfg.DatabaseURL), "callback", cbPath, "version", version.Version)
+	serveErr := srv.Serve(ctx, ln)
+
+	// Shutdown in reverse start order: API drained (Serve returned),
+	// then the engine, then the sandboxes the gateway manages.
+	stopEngine()
+	<-engineDone
+	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	engine.StopManaged(stopCtx)
+	if serveErr != nil && !errors.Is(serveErr, context.Canceled) {
+		return serveErr
+	}
+	return nil
+}
+
+func gatewayHostPort(cfg *config.Config) (string, uint32) {
+	host := cfg.BindAddress
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	return host, uint32(cfg.Port)
+}
+
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
+}
+
+func buildAuth(cfg *config.Config, verifier *sandboxjwt.Verifier) (*auth.Chain, *auth.Authorizer, error) {
+	opts := auth.ChainOptions{AllowUnauthenticated: cfg.Auth.AllowUnauthenticatedUsers}
+	if verifier != nil {
+		opts.SandboxJWT = verifier
+	}
+	if cfg.OIDC.Enabled() {
+		a, err := oidc.New(oidc.Options{Issuer: cfg.OIDC.Issuer, Audience: cfg.OIDC.Audience, RolesClaim: cfg.OIDC.RolesClaim, ScopesClaim: cfg.OIDC.ScopesClaim})
+		if err != nil {
+			return nil, nil, err
+		}
+		opts.OIDC = a
+	}
+	if cfg.Auth.MTLS {
+		opts.MTLS = mtls.Authenticator{}
+	}
+	authz, err := auth.NewAuthorizer(auth.AuthorizerOptions{
+		OIDC: cfg.OIDC.Enabled(), AdminRole: cfg.OIDC.AdminRole, UserRole: cfg.OIDC.UserRole, Scopes: cfg.OIDC.ScopesClaim != "",
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return auth.NewChain(opts), authz, nil
+}
+
+// selectDriver picks exactly one driver: --compute-driver-socket (remote),
+// the configured list, or the probe order.
+func selectDriver(ctx context.Context, cfg *config.Config, logger *slog.Logger, callback string) (string, compute.Driver, error) {
+	names := cfg.Drivers
+	if len(names) > 1 {
+		return "", nil, errdefs.InvalidArgument(fmt.Sprintf("exactly one compute driver must be active, got %s", strings.Join(names, ",")))
+	}
+	name := ""
+	if len(names) == 1 {
+		name = names[0]
+	}
+	socket := cfg.ComputeDriverSocket
+	if name != "" && socket == "" {
+		if s, ok := cfg.DriverConfigs[name]["socket_path"].(string); ok {
+			socket = s
+		}
+	}
+	if socket != "" {
+		if name == "" {
+			name = "remote"
+		}
+		var d compute.Driver
+		err := errdefs.Unimplemented("remote compute drivers are not wired yet")
+		if err != nil {
+			return "", nil, fmt.Errorf("compute driver %s at %s: %w", name, socket, err)
+		}
+		return name, d, nil
+	}
+	if name == "" {
+		name = probeDriver()
+	}
+	reg := drivers()
+	d, err := reg.New(name, cfg.DriverConfigs[name], compute.FactoryDeps{
+		Logger: logger, StateDir: cfg.StateDir, GatewayEndpoint: callback, SupervisorPath: supervisorPath(),
+	})
+	if err != nil {
+		return "", nil, fmt.Errorf("compute driver %s: %w", name, err)
+	}
+	return name, d, nil
+}
+
+// probeDriver: kubernetes when in-cluster, else the process driver.
+// Docker is used only when asked for (it is not built in yet).
+func probeDriver() string {
+	if os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
+		return "kubernetes"
+	}
+	return "process"
+}
+
+// supervisorPath finds openshell-sandbox next to this executable.
+func supervisorPath() string {
+	if p := os.Getenv("OPENSHELL_SUPERVISOR_PATH"); p != "" {
+		return p
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	p := filepath.Join(filepath.Dir(exe), "openshell-sandbox")
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	return ""
+}
+
+func ensureDefaultWorkspace(ctx context.Context, st store.Store) error {
+	ws := &datamodelv1.Workspace{
+		Metadata: &datamodelv1.ObjectMeta{Id: "workspace-" + lifecycle.DefaultWorkspace, Name: lifecycle.DefaultWorkspace},
+		Status:   &datamodelv1.WorkspaceStatus{Phase: datamodelv1.WorkspacePhase_WORKSPACE_PHASE_ACTIVE},
+	}
+	if _, err := st.Create(ctx, store.TypeWorkspace, ws); err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {
+		return fmt.Errorf("ensure default workspace: %w", err)
+	}
+	return nil
+}
+
+// runDriver implements `openshell-gateway driver serve --driver NAME --socket PATH`:
+// any in-tree driver served over openshell.compute.v1 on a Unix socket.
+func runDriver(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "serve" {
+		fmt.Fprintln(stderr, "usage: openshell-gateway driver serve --driver NAME --socket PATH [--state-dir DIR] [--gateway-endpoint URL] [--config FILE]")
+		return &usageError{"unknown driver subcommand"}
+	}
+	fs := flag.NewFlagSet("openshell-gateway driver serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	name := fs.String("driver", "", "driver to serve (process)")
+	socket := fs.String("socket", "", "Unix socket path to listen on")
+	stateDir := fs.String("state-dir", "", "state directory (default $XDG_STATE_HOME/openshell/driver-<name>)")
+	endpoint := fs.String("gateway-endpoint", "", "gateway endpoint sandboxes dial back to")
+	level := fs.String("log-level", "info", "log level")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if *name == "" || *socket == "" {
+		return &usageError{"--driver and --socket are required"}
+	}
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(*level)); err != nil {
+		return &usageError{"invalid --log-level " + strconv.Quote(*level)}
+	}
+	logger := newLogger(stderr, lv)
+	dir := *stateDir
+	if dir == "" {
+		base := os.Getenv("XDG_STATE_HOME")
+		if base == "" {
+			home, _ := os.UserHomeDir()
+			base = filepath.Join(home, ".local", "state")
+		}
+		dir = filepath.Join(base, "openshell", "driver-"+*name)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	d, err := drivers().New(*name, nil, compute.FactoryDeps{Logger: logger, StateDir: dir, GatewayEndpoint: *endpoint, SupervisorPath: supervisorPath()})
+	if err != nil {
+		return err
+	}
+	if c, ok := d.(io.Closer); ok {
+		defer c.Close()
+	}
+	fmt.Fprintf(stdout, "serving compute driver %s on %s\n", *name, *socket)
+	return errdefs.Unimplemented("driver serve is not wired yet")
 }

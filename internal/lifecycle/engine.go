@@ -619,7 +619,12 @@ func (e *Engine) ReportMainProcessExit(ctx context.Context, sandboxID, instanceI
 			stale = errdefs.FailedPrecondition(fmt.Sprintf("stale main process instance %q (current %q)", instanceID, cur))
 			return false
 		}
-		if sb.Status.Phase == openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING {
+		switch sb.Status.Phase {
+		case openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING:
+			return false
+		case openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPING, openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPED:
+			// The supervisor ends the main process when it is told to
+			// stop: an exit during a stop is the stop, not a failure.
 			return false
 		}
 		sb.Status.Phase = openshellv1.SandboxPhase_SANDBOX_PHASE_ERROR
