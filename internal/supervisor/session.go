@@ -49,12 +49,18 @@ type sessionClient struct {
 	onAccepted func(sessionID string)
 
 	relays sync.WaitGroup
+
+	mu     sync.Mutex
+	active map[string]context.CancelFunc // relay channel id → cancel
 }
 
 // run is one session: hello, SessionAccepted, heartbeats and RelayOpen
 // handling until the stream ends. It reports whether the session was
 // accepted.
 func (s *sessionClient) run(ctx context.Context) (bool, error) {
+	// Relays outlive the session that opened them: they are separate calls
+	// and end with the supervisor or the gateway, not with this stream.
+	relayCtx := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := s.client.ConnectSupervisor(ctx)
@@ -140,7 +146,16 @@ func (s *sessionClient) run(ctx context.Context) (bool, error) {
 		case m := <-msgs:
 			idle.Reset(3 * interval)
 			if ro := m.GetRelayOpen(); ro != nil {
-				s.relays.Go(func() { s.serveRelay(ctx, log, ro, send) })
+				rctx, rcancel := context.WithCancel(relayCtx)
+				s.track(ro.GetChannelId(), rcancel)
+				s.relays.Go(func() {
+					defer s.untrack(ro.GetChannelId())
+					s.serveRelay(rctx, log, ro, send)
+				})
+			}
+			if rc := m.GetRelayClose(); rc != nil {
+				log.Debug("gateway closed relay", "channel_id", rc.GetChannelId(), "reason", rc.GetReason())
+				s.untrack(rc.GetChannelId())
 			}
 		case err := <-errc:
 			if errors.Is(err, io.EOF) {
@@ -152,6 +167,26 @@ func (s *sessionClient) run(ctx context.Context) (bool, error) {
 		case <-ctx.Done():
 			return true, ctx.Err()
 		}
+	}
+}
+
+func (s *sessionClient) track(id string, cancel context.CancelFunc) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.active == nil {
+		s.active = map[string]context.CancelFunc{}
+	}
+	s.active[id] = cancel
+}
+
+// untrack forgets a relay and cancels it (ending its RelayStream call).
+func (s *sessionClient) untrack(id string) {
+	s.mu.Lock()
+	cancel := s.active[id]
+	delete(s.active, id)
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel()
 	}
 }
 
