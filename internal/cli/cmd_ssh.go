@@ -41,6 +41,12 @@ for tools that want one.`,
 			if err != nil {
 				return err
 			}
+			if ph := sb.GetStatus().GetPhase(); ph != openshellv1.SandboxPhase_SANDBOX_PHASE_READY {
+				if ph == openshellv1.SandboxPhase_SANDBOX_PHASE_ERROR {
+					return readyFailure(sb)
+				}
+				return &userError{msg: fmt.Sprintf("sandbox %q is %s, not Ready; wait for it ('openshell sandbox get %s') or start it ('openshell sandbox start %s')", args[0], phaseName(ph), args[0], args[0])}
+			}
 			return a.connect(cmd.Context(), sb)
 		},
 	}

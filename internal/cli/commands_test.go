@@ -363,3 +363,19 @@ func TestExecTTYUsesInteractiveStream(t *testing.T) {
 		t.Errorf("start = %v", start)
 	}
 }
+
+func TestConnectRefusesSandboxNotReady(t *testing.T) {
+	f := &fakeGateway{getSandbox: func(_ context.Context, r *openshellv1.GetSandboxRequest) (*openshellv1.SandboxResponse, error) {
+		return &openshellv1.SandboxResponse{Sandbox: testSandbox(r.GetName(), openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPED)}, nil
+	}}
+	ep := f.serve(t)
+	r := newTester(t).run("--gateway-endpoint", ep, "sandbox", "connect", "box")
+	if r.code() != 1 || !strings.Contains(r.err.Error(), `sandbox "box" is Stopped, not Ready`) {
+		t.Errorf("connect to a stopped sandbox = %v", r.err)
+	}
+	for _, c := range f.Calls() {
+		if c == "CreateSshSession" {
+			t.Error("connect created an SSH session for a sandbox that is not ready")
+		}
+	}
+}
