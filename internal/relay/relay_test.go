@@ -485,3 +485,41 @@ func TestHeartbeatAnswered(t *testing.T) {
 		t.Fatal("no heartbeat answer")
 	}
 }
+
+func TestSilentSessionEnds(t *testing.T) {
+	gw := relaytest.Start(t, relaytest.Options{Relay: relay.Config{HeartbeatInterval: 300 * time.Millisecond}})
+	tok := gw.AddSandbox("sb-a")
+	sup := connect(t, gw.Dial(t), tok, "sb-a", "a")
+	// The fake never sends heartbeats: after three intervals the gateway ends it.
+	select {
+	case _, ok := <-sup.msgs:
+		for ok {
+			_, ok = <-sup.msgs
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("silent session was not ended")
+	}
+	gw.WaitFor(t, 5*time.Second, "disconnect", func(s *relaytest.State) bool { return !s.Connected("sb-a") })
+}
+
+func TestSupervisorRelayCloseEndsConn(t *testing.T) {
+	gw := relaytest.Start(t, relaytest.Options{})
+	tok := gw.AddSandbox("sb-a")
+	sup := connect(t, gw.Dial(t), tok, "sb-a", "a")
+	res := openAsync(t.Context(), gw.Registry(), "sb-a", relay.SSHTarget())
+	ro := sup.nextRelayOpen()
+	claim(t.Context(), t, sup.client, tok, ro.GetChannelId())
+	r := <-res
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	sup.stream.Send(&openshellv1.SupervisorMessage{Payload: &openshellv1.SupervisorMessage_RelayClose{RelayClose: &openshellv1.RelayClose{ChannelId: ro.GetChannelId(), Reason: "target closed"}}})
+	select {
+	case <-r.conn.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("relay_close did not end the relay")
+	}
+	if _, err := r.conn.Write([]byte("x")); err == nil {
+		t.Error("Write after relay_close succeeded")
+	}
+}
