@@ -178,6 +178,8 @@ func (a *app) startBackgroundForward(ctx context.Context, name string, local, re
 	if err := child.Start(); err != nil {
 		return fmt.Errorf("start background forward: %w", err)
 	}
+	// The waiter reaps the child if it fails to start listening; on success
+	// the child outlives this process and the waiter ends with it.
 	exited := make(chan error, 1)
 	go func() { exited <- child.Wait() }()
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(local)))
