@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/errdefs"
 )
 
@@ -689,4 +690,16 @@ func (r *Registry) bridge(ctx context.Context, stream openshellv1.OpenShell_Rela
 			return ctx.Err()
 		}
 	}
+}
+
+// PrincipalSandboxID returns the sandbox id the handlers pass to
+// HandleConnect and HandleRelayStream: the id of a sandbox principal that
+// authenticated with a sandbox JWT, "" for anyone else (users, and the
+// ServiceAccount bootstrap principal, which may only call IssueSandboxToken).
+func PrincipalSandboxID(ctx context.Context) string {
+	p, ok := auth.FromContext(ctx)
+	if !ok || !p.IsSandbox() || p.Source != auth.SourceSandboxJWT {
+		return ""
+	}
+	return p.SandboxID
 }

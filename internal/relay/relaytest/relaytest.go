@@ -11,6 +11,7 @@ package relaytest
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/google/uuid"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
@@ -43,6 +45,10 @@ type Options struct {
 	// TokenTTL, when positive, makes minted tokens expire (exp claim).
 	TokenTTL time.Duration
 	Logger   *slog.Logger
+	// TCP serves on a loopback TCP port instead of a Unix socket.
+	TCP bool
+	// TLS, when set (with TCP), serves gRPC over TLS.
+	TLS *tls.Config
 }
 
 // Presence is one OnSessionChange call.
@@ -56,6 +62,7 @@ type Presence struct {
 type Gateway struct {
 	opts     Options
 	sockPath string
+	tcpAddr  string // after the first start, restarts reuse it
 
 	mu        sync.Mutex
 	registry  *relay.Registry
@@ -103,7 +110,15 @@ func Start(t testing.TB, opts Options) *Gateway {
 }
 
 // Endpoint is the supervisor's OPENSHELL_ENDPOINT for this gateway.
-func (g *Gateway) Endpoint() string { return "unix://" + g.sockPath }
+func (g *Gateway) Endpoint() string {
+	switch {
+	case !g.opts.TCP:
+		return "unix://" + g.sockPath
+	case g.opts.TLS != nil:
+		return "https://" + g.tcpAddr
+	}
+	return "http://" + g.tcpAddr
+}
 
 // Registry is the live relay registry (a new one after Restart).
 func (g *Gateway) Registry() *relay.Registry {
@@ -115,7 +130,14 @@ func (g *Gateway) Registry() *relay.Registry {
 // Dial returns a client connection to the gateway (no credentials).
 func (g *Gateway) Dial(t testing.TB) *grpc.ClientConn {
 	t.Helper()
-	cc, err := grpc.NewClient("unix://"+g.sockPath, grpc.WithTransportCredentials(insecureCreds()))
+	target := "unix://" + g.sockPath
+	if g.opts.TCP {
+		if g.opts.TLS != nil {
+			t.Fatal("relaytest: Dial does not support TLS")
+		}
+		target = "passthrough:///" + g.tcpAddr
+	}
+	cc, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecureCreds()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,11 +150,27 @@ func WithToken(ctx context.Context, token string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
 }
 
-func (g *Gateway) serve() error {
-	if err := os.Remove(g.sockPath); err != nil && !os.IsNotExist(err) {
-		return err
+func (g *Gateway) listen() (net.Listener, error) {
+	if g.opts.TCP {
+		addr := g.tcpAddr
+		if addr == "" {
+			addr = "127.0.0.1:0"
+		}
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		g.tcpAddr = l.Addr().String()
+		return l, nil
 	}
-	l, err := net.Listen("unix", g.sockPath)
+	if err := os.Remove(g.sockPath); err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	return net.Listen("unix", g.sockPath)
+}
+
+func (g *Gateway) serve() error {
+	l, err := g.listen()
 	if err != nil {
 		return err
 	}
@@ -154,7 +192,11 @@ func (g *Gateway) serve() error {
 		}
 	}
 	reg := relay.New(rc)
-	srv := grpc.NewServer(
+	var serverOpts []grpc.ServerOption
+	if g.opts.TLS != nil {
+		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(g.opts.TLS)))
+	}
+	srv := grpc.NewServer(append(serverOpts,
 		grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			resp, err := h(g.authenticate(ctx), req)
 			return resp, errdefs.ToGRPC(err)
@@ -162,7 +204,7 @@ func (g *Gateway) serve() error {
 		grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 			return errdefs.ToGRPC(h(srv, &authStream{ss, g.authenticate(ss.Context())}))
 		}),
-	)
+	)...)
 	openshellv1.RegisterOpenShellServer(srv, &service{g: g})
 	done := make(chan struct{})
 	g.mu.Lock()
@@ -355,21 +397,11 @@ type service struct {
 }
 
 func (s *service) ConnectSupervisor(stream openshellv1.OpenShell_ConnectSupervisorServer) error {
-	p, _ := auth.FromContext(stream.Context())
-	id := ""
-	if p.IsSandbox() && p.Source == auth.SourceSandboxJWT {
-		id = p.SandboxID
-	}
-	return s.g.Registry().HandleConnect(stream, id)
+	return s.g.Registry().HandleConnect(stream, relay.PrincipalSandboxID(stream.Context()))
 }
 
 func (s *service) RelayStream(stream openshellv1.OpenShell_RelayStreamServer) error {
-	p, _ := auth.FromContext(stream.Context())
-	id := ""
-	if p.IsSandbox() && p.Source == auth.SourceSandboxJWT {
-		id = p.SandboxID
-	}
-	return s.g.Registry().HandleRelayStream(stream, id)
+	return s.g.Registry().HandleRelayStream(stream, relay.PrincipalSandboxID(stream.Context()))
 }
 
 func (s *service) GetSandboxConfig(ctx context.Context, req *sandboxv1.GetSandboxConfigRequest) (*sandboxv1.GetSandboxConfigResponse, error) {
