@@ -36,8 +36,9 @@
 // RBAC authorization; an admin user (group system:masters) authenticated by a
 // static bearer token; ServiceAccount tokens signed by a generated RSA key with
 // issuer [Issuer] and API audience [Issuer] (TokenRequest can ask for any other
-// audience, such as "openshell-gateway"); the agent-sandbox CRDs installed
-// with spec.conversion.strategy None.
+// audience, such as "openshell-gateway"); the agent-sandbox Sandbox CRD
+// (v1beta1 storage, v1alpha1 served; plus the extensions CRDs when
+// [Options].ExtensionCRDs) installed with spec.conversion.strategy None.
 //
 // Cluster methods that take a testing.TB fail the test on error; the Cluster
 // fields give direct access (clientset, dynamic client, rest.Config) for

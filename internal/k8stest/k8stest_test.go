@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -169,8 +171,9 @@ func TestBoundTokenWrongServiceAccount(t *testing.T) {
 			BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
 		},
 	}, metav1.CreateOptions{})
-	if err == nil {
-		t.Fatal("TokenRequest for serviceaccount b bound to a pod running as a: err = nil, want an error")
+	const want = `cannot bind token for serviceaccount "b" to pod running with different serviceaccount name.`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("TokenRequest for serviceaccount b bound to a pod running as a: err = %v, want %q", err, want)
 	}
 	c.DeletePodAndWait(t, ns, "p")
 }
@@ -181,7 +184,7 @@ func TestStartPrivate(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a second cluster")
 	}
-	c := k8stest.Start(t, k8stest.Options{Users: []k8stest.User{{Name: "alice", UID: "alice-uid", Token: "alice-token", Groups: []string{"devs"}}}})
+	c := k8stest.Start(t, k8stest.Options{ExtensionCRDs: true, Users: []k8stest.User{{Name: "alice", UID: "alice-uid", Token: "alice-token", Groups: []string{"devs"}}}})
 	cs, err := kubernetes.NewForConfig(c.ConfigForToken("alice-token"))
 	if err != nil {
 		t.Fatal(err)
@@ -190,9 +193,14 @@ func TestStartPrivate(t *testing.T) {
 	if !apierrors.IsForbidden(err) {
 		t.Errorf("alice lists pods: err = %v, want Forbidden", err)
 	}
-	// The CRDs are served even without the controller.
+	// The CRDs are served even without the controller, the extensions too
+	// when asked for.
 	if _, err := c.Dynamic.Resource(k8stest.SandboxGVR).Namespace("default").List(t.Context(), metav1.ListOptions{}); err != nil {
 		t.Errorf("list sandboxes: %v", err)
+	}
+	claims := schema.GroupVersionResource{Group: "extensions.agents.x-k8s.io", Version: "v1beta1", Resource: "sandboxclaims"}
+	if _, err := c.Dynamic.Resource(claims).Namespace("default").List(t.Context(), metav1.ListOptions{}); err != nil {
+		t.Errorf("list sandboxclaims: %v", err)
 	}
 	// readyz reflects a healthy apiserver through the admin config.
 	hc, err := rest.HTTPClientFor(c.Config)

@@ -3,10 +3,10 @@
 //
 // # Isolation
 //
-// The supervisor is started in new pid, uts and ipc namespaces (clone
-// flags) and a new mount namespace whose propagation is made private before
-// exec (so mounts the supervisor makes never reach the host), in its own
-// process group. When the gateway does not run as root it also gets a new
+// The supervisor is started in new pid, mount, uts and ipc namespaces
+// (clone flags), in its own process group. The new mount namespace
+// inherits the host's propagation, so the supervisor must make /
+// recursively private before it mounts anything (see the contract below). When the gateway does not run as root it also gets a new
 // user namespace mapping the gateway's uid/gid to root. Resource requests
 // and limits are enforced with cgroup v2 (<cgroup_root>/openshell/<id>,
 // cpu.max, cpu.weight, memory.max, memory.low); the process is cloned
@@ -51,7 +51,9 @@
 //
 // and, because Go cannot run code between clone and exec, these requests
 // that the supervisor performs at start, as pid 1 of its namespaces and
-// before it dials the gateway:
+// before it dials the gateway. First, always: mount(NULL, "/", NULL,
+// MS_REC|MS_PRIVATE, NULL), so nothing it mounts propagates to the host.
+// Then:
 //
 //	OPENSHELL_SANDBOX_HOSTNAME    sethostname(2) to this value (its own uts namespace)
 //	OPENSHELL_SANDBOX_TMP_DIR     bind-mount this host directory on /tmp

@@ -652,3 +652,105 @@ func TestRealSupervisor(t *testing.T) {
 		t.Error("token in supervisor log")
 	}
 }
+
+func TestRecoverCrashDuringCreate(t *testing.T) {
+	requireNamespaces(t)
+	state := t.TempDir()
+	d1 := open(t, state, nil)
+	sb := goodSandbox(computetest.NewID(), computetest.NewName())
+	if err := d1.Create(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := d1.Get(t.Context(), compute.Ref{ID: sb.ID})
+	pid := pidOf(t, got)
+	d1.Close()
+
+	// Rewind state.json to what a gateway killed between fork and the
+	// pid record leaves: instance id known, pid not yet saved.
+	statePath := filepath.Join(state, "sandboxes", sb.ID, "state.json")
+	data, err := os.ReadFile(statePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(data, &rec); err != nil {
+		t.Fatal(err)
+	}
+	delete(rec, "pid")
+	delete(rec, "start_time")
+	data, _ = json.Marshal(rec)
+	if err := os.WriteFile(statePath, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// And a directory from a create that never wrote its state.
+	orphan := filepath.Join(state, "sandboxes", "orphan-id")
+	if err := os.MkdirAll(filepath.Join(orphan, "workspace"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+
+	d2 := open(t, state, nil)
+	cleanupSandboxes(t, d2)
+	got, err = d2.Get(t.Context(), compute.Ref{ID: sb.ID})
+	if err != nil || !computetest.IsReady(got) || pidOf(t, got) != pid {
+		t.Fatalf("after restart: %+v, %v, want ready with the original pid %d", got.Status, err, pid)
+	}
+	if pids := pidsWithEnv(t, "OPENSHELL_SANDBOX_ID="+sb.ID); len(pids) != 1 {
+		t.Errorf("supervisors for %s = %v, want exactly one", sb.ID, pids)
+	}
+	if _, err := os.Stat(orphan); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("incomplete sandbox directory kept: %v", err)
+	}
+}
+
+func TestCgroupLimits(t *testing.T) {
+	requireNamespaces(t)
+	t.Run("host", func(t *testing.T) {
+		// Whatever this host offers: either the limit is applied, or the
+		// request is refused up front with the reason.
+		state := t.TempDir()
+		d := open(t, state, nil)
+		cleanupSandboxes(t, d)
+		sb := goodSandbox(computetest.NewID(), computetest.NewName())
+		sb.Spec.Template.Resources = compute.Resources{CPULimit: "500m", MemoryLimit: "256Mi"}
+		err := d.ValidateCreate(t.Context(), sb)
+		if err != nil {
+			if errdefs.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "requested but") {
+				t.Fatalf("ValidateCreate(limits) error = %v, want nil or FailedPrecondition naming why", err)
+			}
+			t.Logf("host cannot enforce limits: %v", err)
+			if cerr := d.Create(t.Context(), sb); errdefs.Code(cerr) != codes.FailedPrecondition {
+				t.Errorf("Create(limits) error = %v, want FailedPrecondition", cerr)
+			}
+			assertNothingLeft(t, state, sb.ID)
+			return
+		}
+		if err := d.Create(t.Context(), sb); err != nil {
+			t.Fatalf("Create(limits) error = %v", err)
+		}
+		got, _ := d.Get(t.Context(), compute.Ref{ID: sb.ID})
+		cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pidOf(t, got)))
+		if err != nil || !strings.Contains(string(cg), "/openshell/"+sb.ID) {
+			t.Errorf("supervisor cgroup = %q, %v, want openshell/%s", cg, err, sb.ID)
+		}
+	})
+	t.Run("setup failure leaves nothing", func(t *testing.T) {
+		// A directory that claims the controllers but is no cgroupfs:
+		// validation passes, the clone into it fails.
+		root := fakeCgroupRoot(t, "cpu", "memory")
+		state := t.TempDir()
+		d := open(t, state, map[string]any{"cgroup_root": root})
+		sb := goodSandbox(computetest.NewID(), computetest.NewName())
+		sb.Spec.Template.Resources = compute.Resources{MemoryLimit: "256Mi"}
+		if err := d.ValidateCreate(t.Context(), sb); err != nil {
+			t.Fatalf("ValidateCreate() error = %v", err)
+		}
+		err := d.Create(t.Context(), sb)
+		if errdefs.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "cgroup") {
+			t.Fatalf("Create() into a fake cgroup error = %v, want FailedPrecondition naming the cgroup", err)
+		}
+		assertNothingLeft(t, state, sb.ID)
+		if _, err := os.Stat(filepath.Join(root, "openshell", sb.ID)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("sandbox cgroup directory left behind: %v", err)
+		}
+	})
+}
