@@ -24,6 +24,7 @@ const (
 	DefaultSessionPollMin       = 100 * time.Millisecond
 	DefaultSessionPollMax       = 2 * time.Second
 	DefaultClaimTimeout         = 10 * time.Second
+	DefaultFirstMessageTimeout  = 10 * time.Second
 	DefaultMaxPending           = 256
 	DefaultMaxPendingPerSandbox = 32
 	// ChunkSize is the largest data payload of one RelayFrame.
@@ -43,7 +44,10 @@ type Config struct {
 	SessionPollMax time.Duration
 	// ClaimTimeout bounds the time between RelayOpen and the supervisor's
 	// RelayStream init.
-	ClaimTimeout         time.Duration
+	ClaimTimeout time.Duration
+	// FirstMessageTimeout bounds the wait for SupervisorHello on
+	// ConnectSupervisor and for the init frame on RelayStream.
+	FirstMessageTimeout  time.Duration
 	MaxPending           int
 	MaxPendingPerSandbox int
 	// SandboxExists is consulted before a session is accepted. An error
@@ -73,6 +77,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ClaimTimeout <= 0 {
 		c.ClaimTimeout = DefaultClaimTimeout
+	}
+	if c.FirstMessageTimeout <= 0 {
+		c.FirstMessageTimeout = DefaultFirstMessageTimeout
 	}
 	if c.MaxPending <= 0 {
 		c.MaxPending = DefaultMaxPending
@@ -183,6 +190,33 @@ func (r *Registry) Close() {
 	r.wg.Wait()
 }
 
+// recvFirst receives the first message of a stream within d. On timeout
+// the handler returns, which ends the stream and the pending Recv.
+func recvFirst[T any](r *Registry, ctx context.Context, d time.Duration, recv func() (T, error), timeoutMsg string) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	var zero T
+	ch := make(chan result, 1)
+	if !r.spawn(func() {
+		v, err := recv()
+		ch <- result{v, err}
+	}) {
+		return zero, errdefs.Unavailable("gateway is shutting down")
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case res := <-ch:
+		return res.v, res.err
+	case <-t.C:
+		return zero, &timeoutError{timeoutMsg}
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	}
+}
+
 // spawn runs f on a goroutine joined by Close, unless the registry is
 // closed. Adding under mu keeps Add from racing with Close's Wait.
 func (r *Registry) spawn(f func()) bool {
@@ -261,7 +295,7 @@ type pending struct {
 // closes.
 func (r *Registry) HandleConnect(stream openshellv1.OpenShell_ConnectSupervisorServer, principalSandboxID string) error {
 	ctx := stream.Context()
-	first, err := stream.Recv()
+	first, err := recvFirst(r, ctx, r.cfg.FirstMessageTimeout, stream.Recv, "timed out waiting for SupervisorHello")
 	if errors.Is(err, io.EOF) {
 		return errdefs.InvalidArgument("stream closed before hello")
 	}
@@ -597,7 +631,7 @@ func (r *Registry) OpenRelay(ctx context.Context, sandboxID string, target Relay
 // side closes.
 func (r *Registry) HandleRelayStream(stream openshellv1.OpenShell_RelayStreamServer, principalSandboxID string) error {
 	ctx := stream.Context()
-	first, err := stream.Recv()
+	first, err := recvFirst(r, ctx, r.cfg.FirstMessageTimeout, stream.Recv, "timed out waiting for the first RelayFrame")
 	if errors.Is(err, io.EOF) {
 		return errdefs.InvalidArgument("first RelayFrame must be init with non-empty channel_id")
 	}

@@ -523,3 +523,23 @@ func TestSupervisorRelayCloseEndsConn(t *testing.T) {
 		t.Error("Write after relay_close succeeded")
 	}
 }
+
+func TestFirstMessageTimeout(t *testing.T) {
+	gw := relaytest.Start(t, relaytest.Options{Relay: relay.Config{FirstMessageTimeout: 200 * time.Millisecond}})
+	tok := gw.AddSandbox("sb-a")
+	client := openshellv1.NewOpenShellClient(gw.Dial(t))
+	cs, err := client.ConnectSupervisor(relaytest.WithToken(t.Context(), tok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.Recv(); status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("ConnectSupervisor without hello = %v, want DeadlineExceeded", err)
+	}
+	rs, err := client.RelayStream(relaytest.WithToken(t.Context(), tok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rs.Recv(); status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("RelayStream without init = %v, want DeadlineExceeded", err)
+	}
+}
