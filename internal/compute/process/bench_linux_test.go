@@ -30,7 +30,12 @@ func BenchmarkCreateReady(b *testing.B) {
 			bin = filepath.Join(dir, "openshell-sandbox")
 		}
 	}
-	state := b.TempDir()
+	// Not under /tmp: the real supervisor's private /tmp would hide it.
+	state, err := os.MkdirTemp("/var/tmp", "openshell-process-bench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(state) })
 	d := open(b, state, map[string]any{"supervisor_path": bin, "stop_grace_secs": 1})
 	cleanupSandboxes(b, d)
 	ctx, cancel := context.WithCancel(context.Background())

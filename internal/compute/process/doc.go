@@ -6,8 +6,9 @@
 // The supervisor is started in new pid, mount, uts and ipc namespaces
 // (clone flags), in its own process group. The new mount namespace
 // inherits the host's propagation, so the supervisor must make /
-// recursively private before it mounts anything (see the contract below). When the gateway does not run as root it also gets a new
-// user namespace mapping the gateway's uid/gid to root. Resource requests
+// recursively private before it mounts anything (see the contract
+// below). When the gateway does not run as root it also gets a new user
+// namespace mapping the gateway's uid/gid to root. Resource requests
 // and limits are enforced with cgroup v2 (<cgroup_root>/openshell/<id>,
 // cpu.max, cpu.weight, memory.max, memory.low); the process is cloned
 // directly into its cgroup. A request the host cannot enforce is rejected
@@ -20,7 +21,6 @@
 //	state.json      the record: spec without token, instance id, pid, process start time, stopped flag
 //	token           the sandbox JWT (0600); never on a command line or in logs
 //	workspace/      the persistent workspace, kept across stop/start, removed on delete
-//	tmp/            the private /tmp (1777), removed on delete
 //	supervisor.log  the supervisor's stdout and stderr
 //
 // On New the driver re-discovers running supervisors: a recorded pid is
@@ -51,20 +51,26 @@
 //
 // and, because Go cannot run code between clone and exec, these requests
 // that the supervisor performs at start, as pid 1 of its namespaces and
-// before it dials the gateway. First, always: mount(NULL, "/", NULL,
-// MS_REC|MS_PRIVATE, NULL), so nothing it mounts propagates to the host.
-// Then:
+// before it dials the gateway (internal/supervisor implements them in
+// setupNamespaces):
 //
-//	OPENSHELL_SANDBOX_HOSTNAME    sethostname(2) to this value (its own uts namespace)
-//	OPENSHELL_SANDBOX_TMP_DIR     bind-mount this host directory on /tmp
-//	OPENSHELL_SANDBOX_ROOTFS      when set: a local root filesystem directory; bind-mount
-//	                              the workspace at /sandbox inside it, mount /proc, /dev
-//	                              and /tmp there, pivot_root(2) into it and chdir /sandbox.
-//	                              The supervisor keeps running from its already-open binary.
-//	                              When unset, the sandbox sees the host filesystem: the
-//	                              supervisor remounts system directories read-only
-//	                              (/usr, /bin, /sbin, /lib*, /etc) and mounts a fresh /proc
+//	OPENSHELL_PRIVATE_TMP         "true" (always): first make / recursively private
+//	                              (mount(NULL, "/", NULL, MS_REC|MS_PRIVATE)), so nothing
+//	                              the sandbox mounts reaches the host, then mount a fresh
+//	                              tmpfs on /tmp
+//	OPENSHELL_SANDBOX_HOSTNAME    sethostname(2) to the sandbox name (its own uts namespace)
+//	OPENSHELL_ROOTFS              set only for a local rootfs image: bind-mount the
+//	                              workspace at /sandbox inside it, mount /proc, /dev and
+//	                              /tmp there, pivot_root(2) into it and chdir /sandbox; the
+//	                              supervisor keeps running from its already-open binary.
+//	                              Unset: the sandbox sees the host filesystem; the
+//	                              supervisor should remount system directories read-only
+//	                              (/usr, /bin, /sbin, /lib*, /etc) and mount a fresh /proc
 //	                              for its pid namespace.
+//
+// OPENSHELL_SANDBOX_TOKEN, OPENSHELL_SANDBOX_TOKEN_FILE and OPENSHELL_ROOTFS
+// from the spec or template environment are dropped: only the driver sets
+// them, and the token itself never travels in the environment.
 //
 // The supervisor exits on SIGTERM; the driver sends SIGKILL to the process
 // group after stop_grace_secs. Because the supervisor is pid 1 of its pid

@@ -110,6 +110,9 @@ func Open(cfg map[string]any, deps compute.FactoryDeps) (*Driver, error) {
 		subs:      map[*subscriber]struct{}{},
 		done:      make(chan struct{}),
 	}
+	if c.stateDir == "/tmp" || strings.HasPrefix(c.stateDir, "/tmp/") {
+		d.logger.Warn("state directory is under /tmp: a supervisor that mounts a private /tmp cannot see its workspace or token file", "state_dir", c.stateDir)
+	}
 	if err := os.MkdirAll(d.sandboxesDir(), 0o700); err != nil {
 		return nil, fmt.Errorf("process driver: state directory: %w", err)
 	}
@@ -400,13 +403,6 @@ func (d *Driver) createFiles(sb *sandbox, token string) error {
 	if err := os.Mkdir(d.workspaceDir(sb.rec.ID), 0o755); err != nil {
 		return fmt.Errorf("sandbox %q: workspace: %w", sb.rec.ID, err)
 	}
-	tmp := filepath.Join(dir, "tmp")
-	if err := os.Mkdir(tmp, 0o700); err != nil {
-		return fmt.Errorf("sandbox %q: tmp: %w", sb.rec.ID, err)
-	}
-	if err := os.Chmod(tmp, 0o1777); err != nil {
-		return fmt.Errorf("sandbox %q: tmp: %w", sb.rec.ID, err)
-	}
 	if token != "" {
 		// A fresh directory: exclusive create is enough, no rename needed.
 		f, err := os.OpenFile(d.tokenPath(sb.rec.ID), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
@@ -522,14 +518,15 @@ func (d *Driver) environ(sb *sandbox, rootfs string) []string {
 	env["OPENSHELL_WORKSPACE_DIR"] = d.workspaceDir(id)
 	env["OPENSHELL_INSTANCE_ID"] = sb.rec.InstanceID
 	env["OPENSHELL_SANDBOX_HOSTNAME"] = sb.rec.Name
-	env["OPENSHELL_SANDBOX_TMP_DIR"] = filepath.Join(d.dir(id), "tmp")
-	delete(env, "OPENSHELL_SANDBOX_TOKEN_FILE")
-	delete(env, "OPENSHELL_SANDBOX_ROOTFS")
+	env["OPENSHELL_PRIVATE_TMP"] = "true"
+	for _, k := range []string{"OPENSHELL_SANDBOX_TOKEN", "OPENSHELL_SANDBOX_TOKEN_FILE", "OPENSHELL_ROOTFS"} {
+		delete(env, k) // only the driver sets these
+	}
 	if _, err := os.Stat(d.tokenPath(id)); err == nil {
 		env["OPENSHELL_SANDBOX_TOKEN_FILE"] = d.tokenPath(id)
 	}
 	if rootfs != "" {
-		env["OPENSHELL_SANDBOX_ROOTFS"] = rootfs
+		env["OPENSHELL_ROOTFS"] = rootfs
 	}
 	out := make([]string, 0, len(env))
 	for _, k := range slices.Sorted(maps.Keys(env)) {

@@ -319,7 +319,7 @@ func TestSupervisorContract(t *testing.T) {
 		"OPENSHELL_LOG_LEVEL":          "debug",
 		"OPENSHELL_WORKSPACE_DIR":      ws,
 		"OPENSHELL_SANDBOX_HOSTNAME":   "contract",
-		"OPENSHELL_SANDBOX_TMP_DIR":    filepath.Join(state, "sandboxes", sb.ID, "tmp"),
+		"OPENSHELL_PRIVATE_TMP":        "true",
 		"FOO":                          "spec",
 		"BAR":                          "template",
 	}
@@ -630,26 +630,54 @@ func TestRealSupervisor(t *testing.T) {
 		t.Skip("set OPENSHELL_TEST_BIN_DIR to a directory with a built openshell-sandbox")
 	}
 	requireNamespaces(t)
-	state := t.TempDir()
-	d := open(t, state, map[string]any{"supervisor_path": bin})
+	// Not under /tmp: the supervisor's private /tmp would hide it.
+	state, err := os.MkdirTemp("/var/tmp", "openshell-process-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(state) })
+	d := open(t, state, map[string]any{"supervisor_path": bin, "stop_grace_secs": 20})
 	cleanupSandboxes(t, d)
 	ch := watch(t, d)
 	sb := goodSandbox(computetest.NewID(), computetest.NewName())
+	// No gateway listens here: the supervisor keeps retrying its first
+	// config fetch for this long, which is what the test observes.
+	sb.Spec.Environment["OPENSHELL_STARTUP_TIMEOUT"] = "2m"
 	if err := d.Create(t.Context(), sb); err != nil {
 		t.Fatal(err)
 	}
 	ev := waitFor(t, ch, "ready", func(ev compute.Event) bool {
 		return ev.Kind == compute.EventSandbox && ev.SandboxID == sb.ID && computetest.IsReady(ev.Sandbox)
 	})
-	t.Logf("real supervisor started: %+v", ev.Sandbox.Status.Conditions)
-	// Without a gateway to dial, the supervisor may exit; either way the
-	// driver must account for it.
-	if _, err := d.Delete(t.Context(), compute.Ref{ID: sb.ID}); err != nil {
+	pid := pidOf(t, ev.Sandbox)
+
+	// The supervisor applies the start contract: hostname and private /tmp.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		host, herr := exec.Command("nsenter", "-t", fmt.Sprint(pid), "-u", "hostname").Output()
+		mounts, merr := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+		if herr == nil && merr == nil && strings.TrimSpace(string(host)) == sb.Name && strings.Contains(string(mounts), " /tmp ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(state, "sandboxes", sb.ID, "supervisor.log"))
+			t.Fatalf("supervisor did not apply the contract: hostname %q (%v), /tmp mounted %v; log:\n%s",
+				strings.TrimSpace(string(host)), herr, strings.Contains(string(mounts), " /tmp "), log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if h, _ := os.Hostname(); h == sb.Name {
+		t.Error("the sandbox hostname leaked to the host")
+	}
+	start := time.Now()
+	if err := d.Stop(t.Context(), compute.Ref{ID: sb.ID}); err != nil {
 		t.Fatal(err)
 	}
-	log, _ := os.ReadFile(filepath.Join(state, "sandboxes", sb.ID, "supervisor.log"))
-	if strings.Contains(string(log), testToken) {
-		t.Error("token in supervisor log")
+	if el := time.Since(start); el > 10*time.Second {
+		t.Errorf("Stop took %v: the supervisor did not exit on SIGTERM", el)
+	}
+	if _, err := d.Delete(t.Context(), compute.Ref{ID: sb.ID}); err != nil {
+		t.Fatal(err)
 	}
 }
 
