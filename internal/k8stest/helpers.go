@@ -99,7 +99,7 @@ func (c *Cluster) MarkPodReady(t testing.TB, ns, name string) *corev1.Pod {
 
 // BoundToken issues a ServiceAccount token for ns/sa bound to the pod
 // podName/podUID (TokenRequest), valid for audience and ttl (the apiserver
-// raises a ttl under 10 minutes to 10 minutes). The pod must run as sa.
+// rejects a ttl under 10 minutes). The pod must run as sa.
 func (c *Cluster) BoundToken(t testing.TB, ns, sa, podName string, podUID types.UID, audience string, ttl time.Duration) string {
 	t.Helper()
 	secs := int64(ttl / time.Second)

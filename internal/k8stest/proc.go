@@ -72,9 +72,9 @@ func (p *proc) tail(n int) string {
 		return err.Error()
 	}
 	defer f.Close()
-	const max = 64 << 10
-	if st, err := f.Stat(); err == nil && st.Size() > max {
-		_, _ = f.Seek(st.Size()-max, io.SeekStart)
+	const limit = 64 << 10
+	if st, err := f.Stat(); err == nil && st.Size() > limit {
+		_, _ = f.Seek(st.Size()-limit, io.SeekStart)
 	}
 	b, _ := io.ReadAll(f)
 	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
