@@ -259,7 +259,17 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 
 	logger.Info("openshell-gateway serving", "addr", ln.Addr().String(), "tls", cfg.TLS.Enabled, "driver", driverName,
 		"database", redactURL(cfg.DatabaseURL), "callback", cbPath, "version", version.Version)
+	// Supervisor sessions are endless streams: end them as soon as the
+	// drain starts so the graceful stop does not wait for its deadline.
+	sessionsClosed := make(chan struct{})
+	go func() {
+		defer close(sessionsClosed)
+		<-ctx.Done()
+		sandboxes.Close()
+		relays.Close()
+	}()
 	serveErr := srv.Serve(ctx, ln)
+	<-sessionsClosed
 
 	// Shutdown in reverse start order: API drained (Serve returned),
 	// then the engine, then the sandboxes the gateway manages.

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
@@ -59,7 +60,14 @@ type Service struct {
 	o        Options
 	log      *slog.Logger
 	forwards *forwardCounter
+	// closing ends long-lived streams (log pushes, watches) at shutdown.
+	closing   chan struct{}
+	closeOnce sync.Once
 }
+
+// Close ends the service's long-lived streams so a graceful drain does not
+// wait for its deadline. Unary calls are unaffected.
+func (s *Service) Close() { s.closeOnce.Do(func() { close(s.closing) }) }
 
 // New returns a Service.
 func New(o Options) *Service {
@@ -78,7 +86,10 @@ func New(o Options) *Service {
 	if o.MaxForwardsPerSandbox == 0 {
 		o.MaxForwardsPerSandbox = 64
 	}
-	return &Service{o: o, log: o.Logger.With("component", "sandboxapi"), forwards: newForwardCounter(o.MaxForwardsPerToken, o.MaxForwardsPerSandbox)}
+	return &Service{
+		o: o, log: o.Logger.With("component", "sandboxapi"), closing: make(chan struct{}),
+		forwards: newForwardCounter(o.MaxForwardsPerToken, o.MaxForwardsPerSandbox),
+	}
 }
 
 // errCrossSandbox is the refusal when a sandbox principal names another

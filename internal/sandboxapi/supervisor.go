@@ -61,18 +61,41 @@ func (s *Service) PushSandboxLogs(stream openshellv1.OpenShell_PushSandboxLogsSe
 	if err != nil {
 		return err
 	}
+	type recv struct {
+		req *openshellv1.PushSandboxLogsRequest
+		err error
+	}
+	next := make(chan recv)
+	go func() { // ends when the call ends (Recv fails)
+		for {
+			req, err := stream.Recv()
+			select {
+			case next <- recv{req, err}:
+			case <-stream.Context().Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
 	for {
-		req, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
+		var r recv
+		select {
+		case <-s.closing:
+			return errdefs.Unavailable("gateway is shutting down")
+		case r = <-next:
+		}
+		if errors.Is(r.err, io.EOF) {
 			return stream.SendAndClose(&openshellv1.PushSandboxLogsResponse{})
 		}
-		if err != nil {
-			return err
+		if r.err != nil {
+			return r.err
 		}
-		if req.GetSandboxId() != id {
+		if r.req.GetSandboxId() != id {
 			return errCrossSandbox
 		}
-		for _, l := range req.GetLogs() {
+		for _, l := range r.req.GetLogs() {
 			l.SandboxId = id
 			l.Source = sandboxlog.SourceSandbox
 			if len(l.Message) > maxLogLine {

@@ -88,6 +88,8 @@ func (s *Service) WatchSandbox(req *openshellv1.WatchSandboxRequest, stream open
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-s.closing:
+			return errdefs.Unavailable("gateway is shutting down")
 		case u := <-updates:
 			if u.Platform != nil && req.GetFollowEvents() {
 				if err := send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Event{Event: u.Platform}}); err != nil {
