@@ -191,7 +191,18 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 		SSHSessionTTL: cfg.SSHSessionTTL, GatewayHost: host, GatewayPort: port, GatewayScheme: scheme, Logger: logger,
 	})
 
-	chain, authz, err := buildAuth(cfg, verifier)
+	// Drivers whose sandboxes bootstrap from a platform identity (the
+	// kubernetes driver: projected ServiceAccount tokens) supply the
+	// authenticator for IssueSandboxToken. Minting needs the JWT issuer.
+	var bootstrap auth.Authenticator
+	if b, ok := driver.(BootstrapAuthenticatorProvider); ok {
+		if issuer == nil {
+			logger.Warn("sandbox bootstrap authentication is off: no JWT issuer is configured", "driver", driverName)
+		} else if bootstrap, err = b.BootstrapAuthenticator(ctx); err != nil {
+			return fmt.Errorf("compute driver %s: bootstrap authenticator: %w", driverName, err)
+		}
+	}
+	chain, authz, err := buildAuth(cfg, verifier, bootstrap)
 	if err != nil {
 		return err
 	}
@@ -303,8 +314,15 @@ func redactURL(raw string) string {
 	return u.String()
 }
 
-func buildAuth(cfg *config.Config, verifier *sandboxjwt.Verifier) (*auth.Chain, *auth.Authorizer, error) {
-	opts := auth.ChainOptions{AllowUnauthenticated: cfg.Auth.AllowUnauthenticatedUsers}
+// BootstrapAuthenticatorProvider is implemented by compute drivers whose
+// supervisors exchange a platform credential for their first sandbox JWT
+// (IssueSandboxToken). A nil authenticator means "not available here".
+type BootstrapAuthenticatorProvider interface {
+	BootstrapAuthenticator(ctx context.Context) (auth.Authenticator, error)
+}
+
+func buildAuth(cfg *config.Config, verifier *sandboxjwt.Verifier, bootstrap auth.Authenticator) (*auth.Chain, *auth.Authorizer, error) {
+	opts := auth.ChainOptions{AllowUnauthenticated: cfg.Auth.AllowUnauthenticatedUsers, K8sServiceAccount: bootstrap}
 	if verifier != nil {
 		opts.SandboxJWT = verifier
 	}
