@@ -67,6 +67,9 @@ func parseConfig(cfg map[string]any, deps compute.FactoryDeps) (config, error) {
 			return c, fmt.Errorf("process driver: unknown config key %q: %w", k, errdefs.ErrInvalidArgument)
 		}
 	}
+	if c.endpoint == "" {
+		return c, fmt.Errorf("process driver: the gateway callback endpoint for sandboxes is required: %w", errdefs.ErrInvalidArgument)
+	}
 	if c.stateDir == "" {
 		return c, fmt.Errorf("process driver: state directory is required: %w", errdefs.ErrInvalidArgument)
 	}

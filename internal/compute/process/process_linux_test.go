@@ -53,7 +53,7 @@ func testLogger(t testing.TB) *slog.Logger {
 // create the sandbox namespaces.
 func requireNamespaces(t testing.TB) {
 	t.Helper()
-	d, err := process.Open(map[string]any{"supervisor_path": fakeSupervisor}, compute.FactoryDeps{StateDir: t.TempDir()})
+	d, err := process.Open(map[string]any{"supervisor_path": fakeSupervisor}, compute.FactoryDeps{StateDir: t.TempDir(), GatewayEndpoint: "http://127.0.0.1:17670"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -781,4 +781,36 @@ func TestCgroupLimits(t *testing.T) {
 			t.Errorf("sandbox cgroup directory left behind: %v", err)
 		}
 	})
+}
+
+func TestOpenConfigErrors(t *testing.T) {
+	deps := compute.FactoryDeps{StateDir: t.TempDir(), GatewayEndpoint: "unix:///run/openshell/sandbox.sock"}
+	tests := []struct {
+		name string
+		cfg  map[string]any
+		deps compute.FactoryDeps
+	}{
+		{"unknown key", map[string]any{"privileged": true}, deps},
+		{"grace not a number", map[string]any{"stop_grace_secs": "10"}, deps},
+		{"grace negative", map[string]any{"stop_grace_secs": -1}, deps},
+		{"relative cgroup root", map[string]any{"cgroup_root": "sys/fs/cgroup"}, deps},
+		{"no state dir", nil, compute.FactoryDeps{GatewayEndpoint: "http://127.0.0.1:17670"}},
+		{"no endpoint", nil, compute.FactoryDeps{StateDir: t.TempDir()}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := process.New(tt.cfg, tt.deps); errdefs.Code(err) != codes.InvalidArgument {
+				t.Errorf("New(%v) error = %v, want InvalidArgument", tt.cfg, err)
+			}
+		})
+	}
+	d, err := process.New(map[string]any{"stop_grace_secs": int64(3), "cgroup_root": "/sys/fs/cgroup"}, deps)
+	if err != nil {
+		t.Fatalf("New(valid) error = %v", err)
+	}
+	caps, _ := d.Capabilities(t.Context())
+	if caps.DriverName != "process" || caps.DefaultImage != "" || !caps.GatewayManagesLifecycle {
+		t.Errorf("Capabilities() = %+v, want process, no default image, gateway-managed lifecycle", caps)
+	}
+	d.(interface{ Close() error }).Close()
 }

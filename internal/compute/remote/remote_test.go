@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -90,20 +91,19 @@ func TestProcessConformanceOverSocket(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("the process driver needs Linux")
 	}
-	probe, err := process.Open(map[string]any{"supervisor_path": fakeSupervisor}, compute.FactoryDeps{StateDir: t.TempDir()})
+	probe, err := process.New(map[string]any{"supervisor_path": fakeSupervisor}, compute.FactoryDeps{StateDir: t.TempDir(), GatewayEndpoint: "http://127.0.0.1:17670"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer probe.(io.Closer).Close()
 	if err := probe.ValidateCreate(t.Context(), compute.Sandbox{ID: "p", Name: "p"}); err != nil {
-		probe.Close()
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("process driver unusable under CI=true: %v", err)
 		}
 		t.Skipf("process driver unusable here: %v", err)
 	}
-	probe.Close()
 	computetest.Run(t, func(t *testing.T) compute.Driver {
-		d, err := process.Open(map[string]any{"supervisor_path": fakeSupervisor, "stop_grace_secs": 5},
+		d, err := process.New(map[string]any{"supervisor_path": fakeSupervisor, "stop_grace_secs": 5},
 			compute.FactoryDeps{Logger: testLogger(t), StateDir: t.TempDir(), GatewayEndpoint: "http://127.0.0.1:17670"})
 		if err != nil {
 			t.Fatal(err)
@@ -113,7 +113,7 @@ func TestProcessConformanceOverSocket(t *testing.T) {
 			for _, sb := range list {
 				_, _ = d.Delete(context.Background(), compute.Ref{ID: sb.ID})
 			}
-			d.Close()
+			d.(io.Closer).Close()
 		})
 		return serve(t, d)
 	}, computetest.Options{
