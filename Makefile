@@ -6,7 +6,7 @@ LDFLAGS := -X github.com/openshell-go/openshell/internal/version.Version=$(VERSI
 BINARIES := openshell-gateway openshell-sandbox openshell
 GOLANGCI_LINT_VERSION ?= v2.6.2
 
-.PHONY: help generate build lint test test-unit bench check check-generated check-tidy check-imports run clean
+.PHONY: help generate build lint test test-unit bench check check-generated check-tidy check-imports run stop clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -18,8 +18,12 @@ build: ## build all binaries into bin/
 	@mkdir -p bin
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/ $(addprefix ./cmd/,$(BINARIES))
 
-run: build ## run the gateway with embedded defaults (SQLite + process sandboxes)
-	./bin/openshell-gateway
+run: build ## start the gateway with embedded defaults (SQLite + process sandboxes) and open a sandbox
+	./hack/quickstart.sh
+
+stop: ## stop the gateway started by make run
+	@pidfile="$${XDG_STATE_HOME:-$$HOME/.local/state}/openshell/gateway.pid"; \
+	if [ -f "$$pidfile" ] && kill "$$(cat "$$pidfile")" 2>/dev/null; then echo "openshell-gateway stopped"; else echo "openshell-gateway is not running"; fi; rm -f "$$pidfile"
 
 lint: ## gofmt, go vet and golangci-lint
 	@out="$$(gofmt -l $$(git ls-files '*.go' | grep -v '^api/'))"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
