@@ -29,6 +29,11 @@ const testToken = "eyJ.test-token.sig"
 var fakeSupervisor string
 
 func TestMain(m *testing.M) {
+	if p := os.Getenv(envChildSupervisor); p != "" {
+		// Re-executed by TestUnprivileged: the parent built everything.
+		fakeSupervisor = p
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "process-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -813,4 +818,84 @@ func TestOpenConfigErrors(t *testing.T) {
 		t.Errorf("Capabilities() = %+v, want process, no default image, gateway-managed lifecycle", caps)
 	}
 	d.(interface{ Close() error }).Close()
+}
+
+const envChildSupervisor = "OPENSHELL_PROCESS_TEST_CHILD_SUPERVISOR"
+
+// TestUnprivileged runs the driver as an unprivileged user (uid 65534),
+// which takes the user-namespace path, by re-executing this test binary.
+func TestUnprivileged(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to switch to an unprivileged uid (when not root, every test here is unprivileged)")
+	}
+	requireNamespaces(t)
+	dir, err := os.MkdirTemp("", "process-unpriv-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "process.test")
+	sup := filepath.Join(dir, "openshell-sandbox")
+	for src, dst := range map[string]string{self: bin, fakeSupervisor: sup} {
+		data, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(t.Context(), bin, "-test.run=^TestUnprivilegedChild$", "-test.v", "-test.count=1")
+	cmd.Dir = dir
+	cmd.Env = []string{envChildSupervisor + "=" + sup, "PATH=/usr/bin:/bin", "HOME=/nonexistent", "TMPDIR=/tmp"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestUnprivilegedChild") {
+		t.Fatalf("unprivileged run failed: %v\n%s", err, out)
+	}
+	t.Logf("unprivileged run:\n%s", out)
+}
+
+// TestUnprivilegedChild is TestUnprivileged's body, run as uid 65534.
+func TestUnprivilegedChild(t *testing.T) {
+	if os.Getenv(envChildSupervisor) == "" {
+		t.Skip("run by TestUnprivileged")
+	}
+	if os.Getuid() == 0 {
+		t.Fatal("child runs as root")
+	}
+	state := t.TempDir()
+	d := open(t, state, nil)
+	cleanupSandboxes(t, d)
+	sb := goodSandbox(computetest.NewID(), "unpriv")
+	if err := d.Create(t.Context(), sb); err != nil {
+		t.Fatalf("Create() as uid %d error = %v", os.Getuid(), err)
+	}
+	r := readReport(t, d, sb, state)
+	if r["pid"].(float64) != 1 || r["hostname"] != "unpriv" {
+		t.Errorf("unprivileged supervisor: pid %v hostname %v (err %v), want 1 and unpriv", r["pid"], r["hostname"], r["hostname_err"])
+	}
+	got, _ := d.Get(t.Context(), compute.Ref{ID: sb.ID})
+	pid := pidOf(t, got)
+	self, _ := os.Readlink("/proc/self/ns/user")
+	child, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/user", pid))
+	if self == child {
+		t.Errorf("unprivileged supervisor shares the user namespace (%s)", self)
+	}
+	if err := d.Stop(t.Context(), compute.Ref{ID: sb.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(t.Context(), compute.Ref{ID: sb.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := d.Delete(t.Context(), compute.Ref{ID: sb.ID}); !ok || err != nil {
+		t.Fatalf("Delete() = %v, %v", ok, err)
+	}
 }
