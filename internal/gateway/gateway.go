@@ -26,6 +26,7 @@ import (
 	"github.com/openshell-go/openshell/internal/auth/oidc"
 	"github.com/openshell-go/openshell/internal/auth/sandboxjwt"
 	"github.com/openshell-go/openshell/internal/compute"
+	"github.com/openshell-go/openshell/internal/compute/remote"
 	"github.com/openshell-go/openshell/internal/config"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/lifecycle"
@@ -366,8 +367,7 @@ func selectDriver(ctx context.Context, cfg *config.Config, logger *slog.Logger, 
 		if name == "" {
 			name = "remote"
 		}
-		var d compute.Driver
-		err := errdefs.Unimplemented("remote compute drivers are not wired yet")
+		d, err := remote.Dial(ctx, socket, logger)
 		if err != nil {
 			return "", nil, fmt.Errorf("compute driver %s at %s: %w", name, socket, err)
 		}
@@ -467,5 +467,5 @@ func runDriver(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		defer c.Close()
 	}
 	fmt.Fprintf(stdout, "serving compute driver %s on %s\n", *name, *socket)
-	return errdefs.Unimplemented("driver serve is not wired yet")
+	return remote.Serve(ctx, d, *socket, logger)
 }

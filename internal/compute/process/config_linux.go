@@ -24,6 +24,9 @@ type config struct {
 	supervisorPath string
 	cgroupRoot     string // empty: discover the cgroup2 mount
 	stopGrace      time.Duration
+	// defaultImage is the image of sandboxes that name none: "" (the host
+	// filesystem) or a local root filesystem directory.
+	defaultImage string
 }
 
 func parseConfig(cfg map[string]any, deps compute.FactoryDeps) (config, error) {
@@ -41,6 +44,12 @@ func parseConfig(cfg map[string]any, deps compute.FactoryDeps) (config, error) {
 				return c, fmt.Errorf("process driver: supervisor_path must be a string: %w", errdefs.ErrInvalidArgument)
 			}
 			c.supervisorPath = s
+		case "default_image":
+			s, ok := v.(string)
+			if !ok {
+				return c, fmt.Errorf("process driver: default_image must be a string: %w", errdefs.ErrInvalidArgument)
+			}
+			c.defaultImage = s
 		case "cgroup_root":
 			s, ok := v.(string)
 			if !ok || (s != "" && !filepath.IsAbs(s)) {

@@ -218,7 +218,7 @@ func (d *Driver) Capabilities(context.Context) (compute.Capabilities, error) {
 	return compute.Capabilities{
 		DriverName:              Name,
 		DriverVersion:           version.Version,
-		DefaultImage:            "",
+		DefaultImage:            d.cfg.defaultImage,
 		GatewayManagesLifecycle: true,
 	}, nil
 }
