@@ -51,7 +51,8 @@ func newProcTable(reapAll bool) *procTable {
 	return t
 }
 
-// Close stops the reaper; children still running are not waited for.
+// Close stops the reaper; children still running are not waited for. It
+// must run after everything that waits for a child has finished.
 func (t *procTable) Close() {
 	signal.Stop(t.sigc)
 	close(t.stop)

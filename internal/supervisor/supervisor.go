@@ -275,6 +275,11 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	pusher = newLogPusher(client, cfg.SandboxID, cfg.LogBuffer)
 	log := slog.New(&teeHandler{inner: baseHandler, pusher: pusher}).With("sandbox_id", cfg.SandboxID)
 
+	// The reaper outlives everything that waits for a child (deferred
+	// Close runs after wg.Wait below).
+	procs := newProcTable(cfg.ReapAll)
+	defer procs.Close()
+
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// Shutdown runs in reverse start order through this stack.
@@ -299,9 +304,6 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		log.Error("giving up on the sandbox configuration", "err", err)
 		return err
 	}
-
-	procs := newProcTable(cfg.ReapAll)
-	defer procs.Close()
 
 	sockPath := cfg.SSHSocket
 	if sockPath == "" {

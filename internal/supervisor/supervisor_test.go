@@ -7,7 +7,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,7 +55,10 @@ func startSupervisor(t testing.TB, gw *relaytest.Gateway, id string, mutate func
 				t.Errorf("Serve() = %v", err)
 			}
 		case <-time.After(20 * time.Second):
-			t.Error("supervisor did not stop within 20s")
+			buf := make([]byte, 1<<20)
+			buf = buf[:runtime.Stack(buf, true)]
+			out, _ := exec.Command("sh", "-c", "ps -o pid,ppid,pgid,stat,cmd --ppid "+strconv.Itoa(os.Getpid())).CombinedOutput()
+			t.Errorf("supervisor did not stop within 20s; children:\n%s\ngoroutines:\n%s", out, buf)
 		}
 	})
 	gw.WaitFor(t, 20*time.Second, "supervisor session", func(s *relaytest.State) bool { return s.Connected(cfg.SandboxID) })
