@@ -148,9 +148,9 @@ func (s *Service) ExecSandboxInteractive(stream openshellv1.OpenShell_ExecSandbo
 
 	stdinR, stdinW := io.Pipe()
 	resize := make(chan sshexec.WindowSize, 4)
-	recvDone := make(chan struct{})
-	go func() { // owned: joined through recvDone below
-		defer close(recvDone)
+	// The receive loop ends when the client half-closes or, at the latest,
+	// when the call ends and Recv fails.
+	go func() {
 		defer stdinW.Close()
 		for {
 			in, err := stream.Recv()
@@ -182,12 +182,6 @@ func (s *Service) ExecSandboxInteractive(stream openshellv1.OpenShell_ExecSandbo
 	stdinR.Close()
 	if err == nil {
 		err = stream.Send(exitEvent(code))
-	}
-	cancel()
-	// The receive loop ends when the client half-closes or the call ends.
-	select {
-	case <-recvDone:
-	case <-stream.Context().Done():
 	}
 	return err
 }
