@@ -255,6 +255,7 @@ type session struct {
 	stream     openshellv1.OpenShell_ConnectSupervisorServer
 
 	sendMu   sync.Mutex
+	lastSent time.Time // guarded by sendMu
 	done     chan struct{}
 	doneOnce sync.Once
 }
@@ -274,7 +275,19 @@ func (s *session) send(m *openshellv1.GatewayMessage) error {
 	if err := s.stream.Send(m); err != nil {
 		return errdefs.Unavailable("supervisor session disconnected")
 	}
+	s.lastSent = time.Now()
 	return nil
+}
+
+// sinceLastSend is how long the gateway has said nothing on the session.
+func (s *session) sinceLastSend() time.Duration {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	return time.Since(s.lastSent)
+}
+
+func gatewayHeartbeat() *openshellv1.GatewayMessage {
+	return &openshellv1.GatewayMessage{Payload: &openshellv1.GatewayMessage_Heartbeat{Heartbeat: &openshellv1.GatewayHeartbeat{}}}
 }
 
 type pending struct {
@@ -348,6 +361,7 @@ func (r *Registry) HandleConnect(stream openshellv1.OpenShell_ConnectSupervisorS
 			HeartbeatIntervalSecs: uint32(max(1, r.cfg.HeartbeatInterval/time.Second)),
 		},
 	}})
+	s.lastSent = time.Now()
 	s.sendMu.Unlock()
 	defer r.unregister(s)
 	if err != nil {
@@ -384,11 +398,22 @@ func (r *Registry) HandleConnect(stream openshellv1.OpenShell_ConnectSupervisorS
 		return errdefs.Unavailable("gateway is shutting down")
 	}
 
+	// The gateway answers each supervisor heartbeat and, like upstream,
+	// also sends one whenever it has been silent for an interval, so
+	// supervisors that only listen see a live session too.
 	idle := 3 * r.cfg.HeartbeatInterval
 	timer := time.NewTimer(idle)
 	defer timer.Stop()
+	beat := time.NewTicker(r.cfg.HeartbeatInterval)
+	defer beat.Stop()
 	for {
 		select {
+		case <-beat.C:
+			if s.sinceLastSend() >= r.cfg.HeartbeatInterval*9/10 {
+				if err := s.send(gatewayHeartbeat()); err != nil {
+					return err
+				}
+			}
 		case m := <-msgs:
 			timer.Reset(idle)
 			if err := r.handleSupervisorMessage(s, m); err != nil {
@@ -416,7 +441,7 @@ func (r *Registry) HandleConnect(stream openshellv1.OpenShell_ConnectSupervisorS
 func (r *Registry) handleSupervisorMessage(s *session, m *openshellv1.SupervisorMessage) error {
 	switch p := m.GetPayload().(type) {
 	case *openshellv1.SupervisorMessage_Heartbeat:
-		return s.send(&openshellv1.GatewayMessage{Payload: &openshellv1.GatewayMessage_Heartbeat{Heartbeat: &openshellv1.GatewayHeartbeat{}}})
+		return s.send(gatewayHeartbeat())
 	case *openshellv1.SupervisorMessage_RelayOpenResult:
 		res := p.RelayOpenResult
 		if res.GetSuccess() {

@@ -543,3 +543,19 @@ func TestFirstMessageTimeout(t *testing.T) {
 		t.Errorf("RelayStream without init = %v, want DeadlineExceeded", err)
 	}
 }
+
+func TestGatewaySendsHeartbeatsWhenSilent(t *testing.T) {
+	gw := relaytest.Start(t, relaytest.Options{Relay: relay.Config{HeartbeatInterval: 200 * time.Millisecond}})
+	tok := gw.AddSandbox("sb-a")
+	sup := connect(t, gw.Dial(t), tok, "sb-a", "a")
+	// The fake never writes; the gateway still heartbeats before it gives
+	// up on the silent session.
+	select {
+	case m := <-sup.msgs:
+		if m.GetHeartbeat() == nil {
+			t.Fatalf("got %v, want a gateway heartbeat", m)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no gateway heartbeat")
+	}
+}
