@@ -37,3 +37,4 @@ export OPENSHELL_TEST_BIN_DIR="$root/bin"
 race=()
 [ "${CI:-}" = "true" ] && race=(-race)
 go test "${race[@]}" -count=1 -timeout 45m ./... "$@"
+(cd deploy/helm/charttest && go test "${race[@]}" -count=1 ./...) # Helm chart render and lint tests (own module)
