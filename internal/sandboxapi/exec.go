@@ -104,12 +104,7 @@ func (s *Service) ExecSandbox(req *openshellv1.ExecSandboxRequest, stream opensh
 	if _, err := s.readySandbox(ctx, req.GetSandboxId()); err != nil {
 		return err
 	}
-	conn, err := s.o.Relay.OpenRelay(ctx, req.GetSandboxId(), relay.SSHTarget())
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	code, err := sshexec.Exec(ctx, conn, sshexec.Request{
+	code, err := s.ssh.run(ctx, req.GetSandboxId(), sshexec.Request{
 		Command: req.GetCommand(), Env: req.GetEnvironment(), Workdir: req.GetWorkdir(),
 		Stdin: bytes.NewReader(req.GetStdin()), TTY: req.GetTty(), Cols: req.GetCols(), Rows: req.GetRows(),
 		Timeout: time.Duration(req.GetTimeoutSeconds()) * time.Second,

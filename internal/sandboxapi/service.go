@@ -60,6 +60,7 @@ type Service struct {
 	o        Options
 	log      *slog.Logger
 	forwards *forwardCounter
+	ssh      *sshPool
 	// closing ends long-lived streams (log pushes, watches) at shutdown.
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -67,7 +68,12 @@ type Service struct {
 
 // Close ends the service's long-lived streams so a graceful drain does not
 // wait for its deadline. Unary calls are unaffected.
-func (s *Service) Close() { s.closeOnce.Do(func() { close(s.closing) }) }
+func (s *Service) Close() {
+	s.closeOnce.Do(func() {
+		close(s.closing)
+		s.ssh.close()
+	})
+}
 
 // New returns a Service.
 func New(o Options) *Service {
@@ -89,6 +95,7 @@ func New(o Options) *Service {
 	return &Service{
 		o: o, log: o.Logger.With("component", "sandboxapi"), closing: make(chan struct{}),
 		forwards: newForwardCounter(o.MaxForwardsPerToken, o.MaxForwardsPerSandbox),
+		ssh:      newSSHPool(o.Relay),
 	}
 }
 
@@ -198,6 +205,7 @@ func (s *Service) DeleteSandbox(ctx context.Context, req *openshellv1.DeleteSand
 		return nil, err
 	}
 	s.o.Logs.Drop(sb.GetMetadata().GetId())
+	s.ssh.dropSandbox(sb.GetMetadata().GetId())
 	return &openshellv1.DeleteSandboxResponse{Deleted: deleted}, nil
 }
 

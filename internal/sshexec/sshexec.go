@@ -148,13 +148,49 @@ func Exec(ctx context.Context, conn net.Conn, req Request) (int, error) {
 	if len(req.Command) == 0 && !req.TTY {
 		return -1, errdefs.InvalidArgument("command is required")
 	}
+	if _, err := BuildCommand(req.Command, req.Env, req.Workdir); err != nil {
+		return -1, err
+	}
+	client, err := Dial(ctx, conn)
+	if err != nil {
+		return -1, err
+	}
+	defer client.Close()
+	return Run(ctx, client, req)
+}
+
+// Dial runs the SSH handshake over conn (a relay to the supervisor's SSH
+// server) and returns a client that can run many sessions. Closing the
+// client closes conn.
+func Dial(ctx context.Context, conn net.Conn) (*ssh.Client, error) {
+	// Tear the connection down if ctx ends during the handshake.
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	sc, chans, reqs, err := ssh.NewClientConn(conn, User, ClientConfig())
+	if err != nil {
+		conn.Close()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, errdefs.Unavailable(fmt.Sprintf("ssh handshake with sandbox: %v", err))
+	}
+	return ssh.NewClient(sc, chans, reqs), nil
+}
+
+// ErrSession marks a failure to open a session on an established client:
+// the client is unusable and a caller holding it should dial again.
+var ErrSession = errors.New("ssh session could not be opened")
+
+// Run executes req in a new session of client. The client stays open.
+func Run(ctx context.Context, client *ssh.Client, req Request) (int, error) {
+	if len(req.Command) == 0 && !req.TTY {
+		return -1, errdefs.InvalidArgument("command is required")
+	}
 	var cmd string
 	var err error
 	if len(req.Command) > 0 {
 		cmd, err = BuildCommand(req.Command, req.Env, req.Workdir)
 	} else {
-		// A login shell: env goes through "env" requests, the workdir
-		// through a cd before exec'ing the shell.
 		_, err = BuildCommand(nil, req.Env, "")
 		if err == nil && req.Workdir != "" {
 			cmd = "cd " + Quote(req.Workdir) + ` && exec "${SHELL:-/bin/sh}" -l`
@@ -163,24 +199,9 @@ func Exec(ctx context.Context, conn net.Conn, req Request) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-
-	// Tear the connection down if ctx ends during the handshake.
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	defer stop()
-
-	sc, chans, reqs, err := ssh.NewClientConn(conn, "sandbox", ClientConfig())
-	if err != nil {
-		if ctx.Err() != nil {
-			return -1, ctx.Err()
-		}
-		return -1, errdefs.Unavailable(fmt.Sprintf("ssh handshake with sandbox: %v", err))
-	}
-	client := ssh.NewClient(sc, chans, reqs)
-	defer client.Close()
-
 	sess, err := client.NewSession()
 	if err != nil {
-		return -1, errdefs.Unavailable(fmt.Sprintf("ssh session: %v", err))
+		return -1, fmt.Errorf("%w: %v: %w", ErrSession, err, errdefs.ErrUnavailable)
 	}
 	defer sess.Close()
 
@@ -262,19 +283,19 @@ func Exec(ctx context.Context, conn net.Conn, req Request) (int, error) {
 					return -1, fmt.Errorf("window change: %w", err)
 				}
 			case <-timeout:
-				sess.Signal(ssh.SIGKILL) //nolint:errcheck // closing the connection below ends it anyway
-				client.Close()
+				sess.Signal(ssh.SIGKILL) //nolint:errcheck // closing the session below ends it anyway
+				sess.Close()
 				<-waitErr
 				return TimeoutExitCode, nil
 			case <-ctx.Done():
 				sess.Signal(ssh.SIGKILL) //nolint:errcheck
-				client.Close()
+				sess.Close()
 				<-waitErr
 				return -1, ctx.Err()
 			}
 		}
 	}()
-	client.Close()
+	sess.Close()
 	if stdinDone != nil {
 		if c, ok := req.Stdin.(io.Closer); ok {
 			c.Close()
