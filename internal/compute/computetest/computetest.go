@@ -33,6 +33,11 @@ type Options struct {
 	// NotReadyReason, when set, skips waiting for backend readiness
 	// (Ready=True) and says why the backend cannot become ready here.
 	NotReadyReason string
+	// MakeReady, when set, is called each time the suite starts waiting
+	// for Ready=True (after Create and after Start), for backends where
+	// something outside the driver makes the workload ready (a test
+	// standing in for a kubelet). It may block until it has done so.
+	MakeReady func(t *testing.T, sb compute.Sandbox)
 	// NoStopStartReason, when set, skips the stop/start checks.
 	NoStopStartReason string
 	// Timeout bounds each wait for an event; zero means 30s.
@@ -233,6 +238,9 @@ func testLifecycle(t *testing.T, d compute.Driver, opts Options) {
 
 	ready := opts.NotReadyReason == ""
 	if ready {
+		if opts.MakeReady != nil {
+			opts.MakeReady(t, sb)
+		}
 		ev := w.next(sb.ID, "Ready=True", func(ev compute.Event) bool {
 			return ev.Kind == compute.EventSandbox && IsReady(ev.Sandbox)
 		})
@@ -252,6 +260,9 @@ func testLifecycle(t *testing.T, d compute.Driver, opts Options) {
 			}
 			if err := d.Start(t.Context(), compute.Ref{Name: sb.Name}); err != nil {
 				t.Fatalf("Start error = %v", err)
+			}
+			if opts.MakeReady != nil {
+				opts.MakeReady(t, sb)
 			}
 			ev := w.next(sb.ID, "Ready=True after Start", func(ev compute.Event) bool {
 				return ev.Kind == compute.EventSandbox && IsReady(ev.Sandbox)
