@@ -5,6 +5,7 @@ package charttest
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -721,3 +722,50 @@ func TestValuesDocumented(t *testing.T) {
 }
 
 func indent(s string) int { return len(s) - len(strings.TrimLeft(s, " ")) }
+
+// TestReadmeValuesTable checks that README.md's values table and values.yaml
+// list the same keys.
+func TestReadmeValuesTable(t *testing.T) {
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile(chartDir + "/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	for l := range strings.SplitSeq(string(readme), "\n") {
+		if strings.HasPrefix(l, "| `") {
+			key, _, _ := strings.Cut(strings.TrimPrefix(l, "| `"), "`")
+			documented[key] = true
+		}
+	}
+	covered := map[string]bool{}
+	var walk func(prefix string, v map[string]any)
+	walk = func(prefix string, v map[string]any) {
+		for k, val := range v {
+			path := prefix + k
+			if sub, ok := val.(map[string]any); ok && len(sub) > 0 && !documented[path] {
+				walk(path+".", sub)
+				continue
+			}
+			covered[path] = true
+			if !documented[path] {
+				t.Errorf("values key %s is missing from README.md's values table", path)
+			}
+		}
+	}
+	walk("", ch.Values)
+	vals := chartutil.Values(ch.Values)
+	for k := range documented {
+		_, perr := vals.PathValue(k)
+		_, terr := vals.Table(k)
+		if perr != nil && terr != nil {
+			t.Errorf("README.md documents %s, which values.yaml does not have", k)
+		}
+	}
+	if len(covered) < 50 {
+		t.Errorf("only %d keys walked", len(covered))
+	}
+}
