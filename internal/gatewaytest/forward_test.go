@@ -138,6 +138,10 @@ func TestForwardTcp(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		fresh, err := c.CreateSshSession(ctx, &openshellv1.CreateSshSessionRequest{SandboxId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
 		cases := []struct {
 			name string
 			init *openshellv1.TcpForwardInit
@@ -148,8 +152,8 @@ func TestForwardTcp(t *testing.T) {
 			{"unknown token", &openshellv1.TcpForwardInit{SandboxId: id, Target: tcp("127.0.0.1"), AuthorizationToken: "00000000-0000-4000-8000-000000000000"}, codes.Unauthenticated, "invalid or expired"},
 			{"revoked token", &openshellv1.TcpForwardInit{SandboxId: id, Target: tcp("127.0.0.1"), AuthorizationToken: revoked.GetToken()}, codes.Unauthenticated, "revoked"},
 			{"other sandbox's token", &openshellv1.TcpForwardInit{SandboxId: id, Target: tcp("127.0.0.1"), AuthorizationToken: otherSess.GetToken()}, codes.PermissionDenied, "does not belong to this sandbox"},
-			{"non-loopback target", &openshellv1.TcpForwardInit{SandboxId: id, Target: tcp("10.0.0.1"), AuthorizationToken: sess.GetToken()}, codes.InvalidArgument, "not a loopback address"},
-			{"no target", &openshellv1.TcpForwardInit{SandboxId: id, AuthorizationToken: sess.GetToken()}, codes.InvalidArgument, "target is required"},
+			{"non-loopback target", &openshellv1.TcpForwardInit{SandboxId: id, Target: tcp("10.0.0.1"), AuthorizationToken: fresh.GetToken()}, codes.InvalidArgument, "not a loopback address"},
+			{"no target", &openshellv1.TcpForwardInit{SandboxId: id, AuthorizationToken: fresh.GetToken()}, codes.InvalidArgument, "target is required"},
 		}
 		for _, tc := range cases {
 			err := forwardErr(ctx, t, c, tc.init)
@@ -158,7 +162,7 @@ func TestForwardTcp(t *testing.T) {
 			}
 		}
 		time.Sleep(4 * time.Second) // session TTL
-		err = forwardErr(ctx, t, c, &openshellv1.TcpForwardInit{SandboxId: id, Target: tcp("127.0.0.1"), AuthorizationToken: sess.GetToken()})
+		err = forwardErr(ctx, t, c, &openshellv1.TcpForwardInit{SandboxId: id, Target: tcp("127.0.0.1"), AuthorizationToken: fresh.GetToken()})
 		if status.Code(err) != codes.Unauthenticated || !strings.Contains(status.Convert(err).Message(), "expired") {
 			t.Errorf("expired token: %v, want Unauthenticated expired", err)
 		}

@@ -226,7 +226,9 @@ func bridgeForward(stream openshellv1.OpenShell_ForwardTcpServer, conn net.Conn)
 			}
 		}
 		if err != nil {
-			if !errors.Is(err, io.EOF) {
+			// EOF and a closed relay (the sandbox side or the client hung
+			// up) are how a forward ends, not failures.
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && stream.Context().Err() == nil {
 				downErr = err
 			}
 			break
