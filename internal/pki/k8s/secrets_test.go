@@ -20,6 +20,8 @@ import (
 	"github.com/openshell-go/openshell/internal/pki"
 	pkik8s "github.com/openshell-go/openshell/internal/pki/k8s"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -379,5 +381,84 @@ func TestSecretsValidate(t *testing.T) {
 	ok := pkik8s.Secrets{Client: cs, Namespace: "n", JWTSecretName: "c", JWTOnly: true}
 	if err := ok.Validate(); err != nil {
 		t.Errorf("jwt-only without TLS names: %v", err)
+	}
+}
+
+// TestEnsureSecretsLeastPrivilege runs generate-certs as a ServiceAccount with
+// exactly the Helm chart's hook Role (create secrets; get and delete the
+// three named ones): enough for generate, skip, partial detection and
+// rollback, and nothing else in the namespace is readable.
+func TestEnsureSecretsLeastPrivilege(t *testing.T) {
+	c := k8stest.Shared(t)
+	ns := c.CreateNamespace(t, "")
+	c.CreateServiceAccount(t, ns, "pki-hook")
+	role := &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "pki-hook", Namespace: ns},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"create"}},
+			{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{"gw-server-tls", "gw-client-tls", "gw-jwt"}, Verbs: []string{"get", "delete"}},
+		},
+	}
+	if _, err := c.Clientset.RbacV1().Roles(ns).Create(t.Context(), role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rb := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "pki-hook", Namespace: ns},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "pki-hook"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "pki-hook", Namespace: ns}},
+	}
+	if _, err := c.Clientset.RbacV1().RoleBindings(ns).Create(t.Context(), rb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := c.ServiceAccountConfig(t, ns, "pki-hook")
+	hookClient, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// RBAC is evaluated from an informer cache: wait until the binding applies.
+	c.Eventually(t, func(ctx context.Context) (bool, error) {
+		_, err := hookClient.CoreV1().Secrets(ns).Get(ctx, "gw-jwt", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	}, "hook role to apply")
+
+	// Rollback under the restricted account: the third create fails, the
+	// first two are deleted (delete is limited to the named Secrets).
+	var creates atomic.Int32
+	failing := rest.CopyConfig(cfg)
+	failing.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return hookTransport{rt, func(r *http.Request) *http.Response {
+			if isCreate(r, ns) && creates.Add(1) == 3 {
+				return &http.Response{StatusCode: 500, Header: http.Header{"Content-Type": {"application/json"}},
+					Body: io.NopCloser(strings.NewReader(`{"kind":"Status","apiVersion":"v1","status":"Failure","message":"injected","reason":"InternalError","code":500}`)), Request: r}
+			}
+			return nil
+		}}
+	})
+	failClient, err := kubernetes.NewForConfig(failing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pkik8s.Ensure(t.Context(), sink(failClient, ns), pki.Options{}, false); err == nil || strings.Contains(err.Error(), "rollback") {
+		t.Fatalf("failing run = %v; want a create error with a clean rollback", err)
+	}
+	if got := secrets(t, c, ns); len(got) != 0 {
+		t.Fatalf("restricted rollback left %v", names(got))
+	}
+
+	for i, want := range []pki.Outcome{pki.Generated, pki.Skipped} {
+		rep, err := pkik8s.Ensure(t.Context(), sink(hookClient, ns), pki.Options{}, false)
+		if err != nil || rep.Outcome != want {
+			t.Fatalf("run %d as the hook account = %+v, %v; want outcome %v", i+1, rep, err, want)
+		}
+	}
+	if err := c.Clientset.CoreV1().Secrets(ns).Delete(t.Context(), "gw-jwt", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pkik8s.Ensure(t.Context(), sink(hookClient, ns), pki.Options{}, false); err == nil || !strings.Contains(err.Error(), "missing gw-jwt") {
+		t.Fatalf("partial run as the hook account = %v", err)
+	}
+	// The account cannot read other Secrets.
+	if _, err := hookClient.CoreV1().Secrets(ns).List(t.Context(), metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("hook account list secrets = %v; want Forbidden", err)
 	}
 }
