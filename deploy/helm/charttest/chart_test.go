@@ -212,7 +212,6 @@ func TestDefaultRender(t *testing.T) {
 		`cert_path = "/etc/openshell/tls/tls.crt"`,
 		`key_path = "/etc/openshell/tls/tls.key"`,
 		`client_ca_path = "/etc/openshell/tls/ca.crt"`,
-		`require_client_auth = false`,
 	}, section(t, lines, "openshell.gateway.tls")); diff != "" {
 		t.Errorf("[openshell.gateway.tls] (-want +got):\n%s", diff)
 	}
@@ -238,8 +237,10 @@ func TestDefaultRender(t *testing.T) {
 	}, section(t, lines, "openshell.drivers.kubernetes")); diff != "" {
 		t.Errorf("[openshell.drivers.kubernetes] (-want +got):\n%s", diff)
 	}
-	if slices.Contains(lines, "[openshell.gateway.oidc]") {
-		t.Errorf("oidc table rendered without an issuer")
+	for _, table := range []string{"[openshell.gateway.oidc]", "[openshell.gateway.mtls_auth]"} {
+		if slices.Contains(lines, table) {
+			t.Errorf("%s rendered by default", table)
+		}
 	}
 
 	var sts appsv1.StatefulSet
