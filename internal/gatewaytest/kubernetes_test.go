@@ -1,0 +1,213 @@
+package gatewaytest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/k8stest"
+)
+
+// kubeGateway is a gateway on the kubernetes driver against a real
+// kube-apiserver with the agent-sandbox controller.
+type kubeGateway struct {
+	*Gateway
+	c  *k8stest.Cluster
+	ns string
+}
+
+const kubeSandboxSA = "openshell-sandbox"
+
+func startKubeGateway(t *testing.T) kubeGateway {
+	t.Helper()
+	c := k8stest.Start(t, k8stest.Options{Controller: true})
+	ns := c.CreateNamespace(t, "")
+	c.CreateServiceAccount(t, ns, kubeSandboxSA)
+	port := freePort(t)
+	dir := TempDir(t)
+	toml := fmt.Sprintf(`[openshell]
+version = 1
+
+[openshell.drivers.kubernetes]
+kubeconfig = %q
+sandbox_namespace = %q
+gateway_endpoint = "https://127.0.0.1:%d"
+default_image = "agent:1"
+supervisor_image = "openshell-sandbox:test"
+client_tls_secret_name = "openshell-client-tls"
+`, c.Kubeconfig, ns, port)
+	cfgPath := filepath.Join(dir, "gateway.toml")
+	if err := os.WriteFile(cfgPath, []byte(toml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g := Start(t, Options{Port: port, ExtraArgs: []string{"--drivers", "kubernetes", "--config", cfgPath, "--allow-unauthenticated-users"}})
+	return kubeGateway{Gateway: g, c: c, ns: ns}
+}
+
+// runPodSupervisor starts the real openshell-sandbox on the host with the
+// environment the driver put in the pod's agent container, its in-pod
+// paths (projected token, client TLS) mapped to files on the host, and the
+// given pod-bound ServiceAccount token.
+func (k kubeGateway) runPodSupervisor(t *testing.T, pod *corev1.Pod, token string) {
+	t.Helper()
+	dir := TempDir(t)
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	paths := map[string]string{
+		"/var/run/secrets/openshell/token":   tokenFile,
+		"/etc/openshell-tls/client/ca.crt":  filepath.Join(k.TLSDir, "ca.crt"),
+		"/etc/openshell-tls/client/tls.crt": filepath.Join(k.TLSDir, "client", "tls.crt"),
+		"/etc/openshell-tls/client/tls.key": filepath.Join(k.TLSDir, "client", "tls.key"),
+	}
+	var agent *corev1.Container
+	for i := range pod.Spec.Containers {
+		if pod.Spec.Containers[i].Name == "agent" {
+			agent = &pod.Spec.Containers[i]
+		}
+	}
+	if agent == nil || len(agent.Command) != 1 || agent.Command[0] != "/opt/openshell/bin/openshell-sandbox" {
+		t.Fatalf("pod agent container = %+v, want the side-loaded supervisor", agent)
+	}
+	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "OPENSHELL_WORKSPACE_DIR=" + dir}
+	for _, e := range agent.Env {
+		v := e.Value
+		if p, ok := paths[v]; ok {
+			v = p
+		}
+		env = append(env, e.Name+"="+v)
+	}
+	cmd := exec.Command(filepath.Join(k.BinDir, "openshell-sandbox"))
+	cmd.Env, cmd.Dir = env, dir
+	logs := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("supervisor log:\n%s", logs.String())
+		}
+	})
+}
+
+// TestKubernetesEndToEnd: a gateway on the kubernetes driver creates the
+// Sandbox CR, the agent-sandbox controller creates its pod, the test marks
+// the pod Ready and runs the real supervisor outside the cluster with a
+// real pod-bound token; it exchanges the token through IssueSandboxToken,
+// connects, the sandbox turns READY, exec works, delete removes the CR.
+func TestKubernetesEndToEnd(t *testing.T) {
+	k := startKubeGateway(t)
+	c := k.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+
+	const name = "k8s-e2e"
+	created, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: name, Spec: &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}}})
+	if err != nil {
+		t.Fatalf("CreateSandbox: %v", err)
+	}
+	id := created.GetSandbox().GetMetadata().GetId()
+
+	cr, err := k.c.Dynamic.Resource(k8stest.SandboxGVR).Namespace(k.ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("Sandbox CR: %v", err)
+	}
+	if got := cr.GetLabels()["openshell.ai/sandbox-id"]; got != id {
+		t.Errorf("CR sandbox-id label = %q, want %q", got, id)
+	}
+	pod := k.c.WaitForPod(t, k.ns, name)
+	if pod.Annotations["openshell.io/sandbox-id"] != id || pod.Spec.ServiceAccountName != kubeSandboxSA {
+		t.Fatalf("pod annotation %q service account %q", pod.Annotations["openshell.io/sandbox-id"], pod.Spec.ServiceAccountName)
+	}
+	k.c.MarkPodReady(t, k.ns, name)
+
+	// The backend is ready but no supervisor is connected: not READY yet.
+	sb, err := c.GetSandbox(ctx, &openshellv1.GetSandboxRequest{Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.GetSandbox().GetStatus().GetPhase() == openshellv1.SandboxPhase_SANDBOX_PHASE_READY {
+		t.Errorf("phase READY before the supervisor connected")
+	}
+
+	token := k.c.BoundToken(t, k.ns, kubeSandboxSA, pod.Name, pod.UID, "openshell-gateway", time.Hour)
+	k.runPodSupervisor(t, pod, token)
+	WaitPhase(ctx, t, c, name, openshellv1.SandboxPhase_SANDBOX_PHASE_READY, time.Minute)
+
+	stdout, stderr, code, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"echo", "hi"}})
+	if err != nil || code != 0 || strings.TrimSpace(stdout) != "hi" {
+		t.Fatalf("Exec(echo hi) = %q, %q, %d, %v", stdout, stderr, code, err)
+	}
+	if !strings.Contains(k.Logs(), "sandbox bootstrapped from a K8s ServiceAccount token") {
+		t.Errorf("gateway log lacks the bootstrap success line")
+	}
+
+	if _, err := c.DeleteSandbox(ctx, &openshellv1.DeleteSandboxRequest{Name: name}); err != nil {
+		t.Fatalf("DeleteSandbox: %v", err)
+	}
+	k.c.Eventually(t, func(ctx context.Context) (bool, error) {
+		_, err := k.c.Dynamic.Resource(k8stest.SandboxGVR).Namespace(k.ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return false, err
+	}, "Sandbox CR %s/%s to be deleted", k.ns, name)
+}
+
+// TestKubernetesRejectedCreateLeavesNothing: a create the driver refuses
+// leaves no Sandbox CR behind and no record in the gateway.
+func TestKubernetesRejectedCreateLeavesNothing(t *testing.T) {
+	k := startKubeGateway(t)
+	c := k.Client()
+	ctx := t.Context()
+	_, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "good", Spec: &openshellv1.SandboxSpec{
+		Template: &openshellv1.SandboxTemplate{Image: "agent:1"},
+		Command:  []string{"sleep", "infinity"},
+	}})
+	if err != nil {
+		t.Fatalf("CreateSandbox(good) = %v", err)
+	}
+	_, err = c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "bad-image", Spec: &openshellv1.SandboxSpec{
+		Template: &openshellv1.SandboxTemplate{Image: "bad image"},
+	}})
+	if err == nil {
+		t.Fatalf("CreateSandbox(bad image) succeeded")
+	}
+	l, err := k.c.Dynamic.Resource(k8stest.SandboxGVR).Namespace(k.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, u := range l.Items {
+		names = append(names, u.GetName())
+	}
+	if len(names) != 1 || names[0] != "good" {
+		t.Errorf("Sandbox CRs = %v, want only good", names)
+	}
+	if _, err := c.GetSandbox(ctx, &openshellv1.GetSandboxRequest{Name: "bad-image"}); err == nil {
+		t.Errorf("GetSandbox(bad-image) found a record of a rejected create")
+	}
+}
