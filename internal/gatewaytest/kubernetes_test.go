@@ -67,7 +67,7 @@ func (k kubeGateway) runPodSupervisor(t *testing.T, pod *corev1.Pod, token strin
 		t.Fatal(err)
 	}
 	paths := map[string]string{
-		"/var/run/secrets/openshell/token":   tokenFile,
+		"/var/run/secrets/openshell/token":  tokenFile,
 		"/etc/openshell-tls/client/ca.crt":  filepath.Join(k.TLSDir, "ca.crt"),
 		"/etc/openshell-tls/client/tls.crt": filepath.Join(k.TLSDir, "client", "tls.crt"),
 		"/etc/openshell-tls/client/tls.key": filepath.Join(k.TLSDir, "client", "tls.key"),
