@@ -46,6 +46,9 @@ type Config struct {
 	EnableUserNamespaces bool
 	WorkspacePVC         *WorkspacePVC
 	AllowAdoption        bool
+	// SandboxAPIVersion pins the Sandbox API version ("v1beta1" or
+	// "v1alpha1"); empty discovers it (v1beta1 when served).
+	SandboxAPIVersion string
 	// BootstrapAuth enables the IssueSandboxToken ServiceAccount
 	// authenticator (default true).
 	BootstrapAuth bool
@@ -159,6 +162,8 @@ func ParseConfig(cfg map[string]any) (Config, error) {
 			c.EnableUserNamespaces, err = asBool(k, v)
 		case "allow_adoption":
 			c.AllowAdoption, err = asBool(k, v)
+		case "sandbox_api_version":
+			c.SandboxAPIVersion, err = asString(k, v)
 		case "bootstrap_auth":
 			c.BootstrapAuth, err = asBool(k, v)
 		case "workspace_pvc":
@@ -240,6 +245,9 @@ func (c *Config) validate() error {
 		if err := checkImage("default_image", c.DefaultImage); err != nil {
 			return invalid("%v", err)
 		}
+	}
+	if !slices.Contains([]string{"", "v1beta1", "v1alpha1"}, c.SandboxAPIVersion) {
+		return invalid("sandbox_api_version %q is not one of v1beta1, v1alpha1", c.SandboxAPIVersion)
 	}
 	if c.GatewayEndpoint == "" {
 		return invalid("gateway_endpoint is required (the gateway URL sandbox pods dial)")

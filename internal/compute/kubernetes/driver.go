@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -117,7 +116,14 @@ func (d *Driver) sandboxGVR(ctx context.Context) (schema.GroupVersionResource, e
 		return d.gvr, nil
 	}
 	var errs []error
-	for _, gvr := range []schema.GroupVersionResource{SandboxV1beta1, SandboxV1alpha1} {
+	candidates := []schema.GroupVersionResource{SandboxV1beta1, SandboxV1alpha1}
+	switch d.cfg.SandboxAPIVersion {
+	case SandboxV1beta1.Version:
+		candidates = candidates[:1]
+	case SandboxV1alpha1.Version:
+		candidates = candidates[1:]
+	}
+	for _, gvr := range candidates {
 		list, err := d.kube.Discovery().ServerResourcesForGroupVersion(gvr.GroupVersion().String())
 		if err != nil {
 			if !apierrors.IsNotFound(err) {
@@ -136,7 +142,11 @@ func (d *Driver) sandboxGVR(ctx context.Context) (schema.GroupVersionResource, e
 	if len(errs) > 0 {
 		return schema.GroupVersionResource{}, fmt.Errorf("kubernetes driver: discover the Sandbox API: %w", errors.Join(append(errs, errdefs.ErrUnavailable)...))
 	}
-	return schema.GroupVersionResource{}, errdefs.FailedPrecondition("the agents.x-k8s.io Sandbox API (v1beta1 or v1alpha1) is not served by this cluster; install agent-sandbox")
+	want := "v1beta1 or v1alpha1"
+	if d.cfg.SandboxAPIVersion != "" {
+		want = d.cfg.SandboxAPIVersion
+	}
+	return schema.GroupVersionResource{}, errdefs.FailedPrecondition(fmt.Sprintf("the agents.x-k8s.io Sandbox API (%s) is not served by this cluster; install agent-sandbox", want))
 }
 
 func (d *Driver) v1beta1(gvr schema.GroupVersionResource) bool { return gvr.Version == "v1beta1" }
@@ -852,6 +862,3 @@ func (d *Driver) Delete(ctx context.Context, ref compute.Ref) (bool, error) {
 		}
 	}
 }
-
-// inCluster reports whether the process runs in a Kubernetes pod.
-func inCluster() bool { return os.Getenv("KUBERNETES_SERVICE_HOST") != "" }

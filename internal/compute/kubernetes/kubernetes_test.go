@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/openshell-go/openshell/internal/compute"
@@ -463,5 +464,70 @@ func TestNamespaceValidator(t *testing.T) {
 	sav := kubernetes.NewServiceAccountValidator(" sa ", "", "sa", "sb")
 	if !sav.Accepts("sa") || !sav.Accepts("sb") || sav.Accepts(" sa ") || sav.Accepts("") || len(sav.Names()) != 2 {
 		t.Errorf("ServiceAccountValidator = %v", sav.Names())
+	}
+}
+
+// TestV1alpha1 pins the deprecated API version: Stop and Start flip
+// spec.replicas 0/1 and the driver reports Suspended from it. It runs on a
+// cluster of its own, without the controller, whose CRD stores v1alpha1:
+// the harness's CRD stores v1beta1 without conversion, which would prune the
+// v1alpha1-only replicas field on every write.
+func TestV1alpha1(t *testing.T) {
+	c := k8stest.Start(t, k8stest.Options{})
+	crdGVR := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	crd, err := c.Dynamic.Resource(crdGVR).Get(t.Context(), "sandboxes.agents.x-k8s.io", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
+	for _, v := range versions {
+		m := v.(map[string]any)
+		m["storage"] = m["name"] == "v1alpha1"
+	}
+	if err := unstructured.SetNestedSlice(crd.Object, versions, "spec", "versions"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Dynamic.Resource(crdGVR).Update(t.Context(), crd, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("make v1alpha1 the storage version: %v", err)
+	}
+	e := env{c: c, ns: c.CreateNamespace(t, "")}
+	c.CreateServiceAccount(t, e.ns, testSA)
+	d := e.driver(t, map[string]any{"sandbox_api_version": "v1alpha1"})
+	sb := goodSandbox(computetest.NewID(), computetest.NewName())
+	if err := d.Create(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	replicas := func() int64 {
+		u, err := e.c.Dynamic.Resource(k8stest.SandboxV1alpha1GVR).Namespace(e.ns).Get(t.Context(), sb.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, found, _ := unstructured.NestedInt64(u.Object, "spec", "replicas")
+		if !found {
+			t.Fatalf("v1alpha1 Sandbox has no spec.replicas: %v", u.Object["spec"])
+		}
+		return r
+	}
+	if r := replicas(); r != 1 {
+		t.Errorf("replicas after Create = %d, want 1", r)
+	}
+	if err := d.Stop(t.Context(), compute.Ref{ID: sb.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if r := replicas(); r != 0 {
+		t.Errorf("replicas after Stop = %d, want 0", r)
+	}
+	got, err := d.Get(t.Context(), compute.Ref{ID: sb.ID})
+	if c, _ := computetest.Cond(got, compute.ConditionSuspended); err != nil || c.Status != "True" {
+		t.Errorf("Get after Stop = %+v, %v, want Suspended=True", got.Status, err)
+	}
+	if err := d.Start(t.Context(), compute.Ref{Name: sb.Name}); err != nil {
+		t.Fatal(err)
+	}
+	if r := replicas(); r != 1 {
+		t.Errorf("replicas after Start = %d, want 1", r)
+	}
+	if ok, err := d.Delete(t.Context(), compute.Ref{ID: sb.ID}); err != nil || !ok {
+		t.Fatalf("Delete = %v, %v", ok, err)
 	}
 }
