@@ -142,11 +142,14 @@ func runMainProcess(ctx context.Context, log *slog.Logger, cfg Config, procs *pr
 }
 
 // reportExit sends ReportMainProcessExit, retrying transient failures for
-// up to a minute (ten seconds once the supervisor is stopping).
+// up to a minute. Once the supervisor is stopping, the exit is the stop's
+// doing: one short attempt, so a gateway that is itself going away does not
+// hold up the stop until the driver's SIGKILL.
 func reportExit(ctx context.Context, log *slog.Logger, client openshellv1.OpenShellClient, cfg Config, code int) {
 	limit := time.Minute
-	if ctx.Err() != nil {
-		limit = 10 * time.Second
+	stopping := ctx.Err() != nil
+	if stopping {
+		limit = time.Second
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), limit)
 	defer cancel()
@@ -162,6 +165,10 @@ func reportExit(ctx context.Context, log *slog.Logger, client openshellv1.OpenSh
 		}
 		if !retryable(err) {
 			log.Error("gateway refused the main process exit report", "err", err)
+			return
+		}
+		if stopping {
+			log.Warn("could not report the main process exit while stopping", "err", err)
 			return
 		}
 		if sleepCtx(rctx, b.next()) != nil {
