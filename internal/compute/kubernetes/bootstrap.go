@@ -78,7 +78,7 @@ func (d *Driver) BootstrapAuthenticator(context.Context) (auth.Authenticator, er
 		return nil, nil
 	}
 	sav := d.cfg.ServiceAccountValidator()
-	d.log.Info("K8s ServiceAccount bootstrap authenticator enabled", "namespaces", d.nsv.String(), "accepted_service_accounts", sav.Names())
+	d.log.Info("K8s ServiceAccount bootstrap authenticator enabled", "namespace", d.nsv.String(), "accepted_service_accounts", sav.Names())
 	return NewAuthenticator(AuthenticatorOptions{
 		Kube: d.kube, Dynamic: d.dyn, Namespaces: d.nsv, ServiceAccounts: sav, Logger: d.log,
 	}), nil
@@ -117,10 +117,10 @@ func (a *Authenticator) Authenticate(ctx context.Context, req *auth.Request) (*a
 		a.log.Warn("K8s TokenReview username is not a service account", "username", username)
 		return nil, denied("SA token username format not recognized")
 	}
-	if !a.o.ServiceAccounts.Accepts(sa) {
-		a.log.Warn("K8s TokenReview principal is not the configured sandbox service account",
+	if !a.o.ServiceAccounts.AcceptsIn(ns, sa) {
+		a.log.Warn("K8s TokenReview principal is not an accepted sandbox service account",
 			"username", username, "service_account", sa, "accepted_service_accounts", a.o.ServiceAccounts.Names())
-		return nil, denied("SA token is not from the configured sandbox service account")
+		return nil, denied("SA token is not from an accepted sandbox service account")
 	}
 	if !a.o.Namespaces.Accepts(ns) {
 		a.log.Warn("K8s TokenReview ServiceAccount namespace not accepted", "username", username, "namespace", ns)

@@ -148,7 +148,7 @@ func TestBootstrapRejects(t *testing.T) {
 	t.Run("other service account", func(t *testing.T) {
 		b.c.CreateServiceAccount(t, b.ns, "intruder")
 		pod := b.handPod(t, b.ns, "intruder", id, []metav1.OwnerReference{owner})
-		wantRejected(t, b.a, b.token(t, pod), codes.PermissionDenied, "SA token is not from the configured sandbox service account")
+		wantRejected(t, b.a, b.token(t, pod), codes.PermissionDenied, "SA token is not from an accepted sandbox service account")
 	})
 	t.Run("namespace not accepted", func(t *testing.T) {
 		other := b.c.CreateNamespace(t, "")
@@ -246,4 +246,81 @@ func TestBootstrapDeletedPod(t *testing.T) {
 		return false, nil
 	}, "the token of a deleted pod to stop authenticating")
 	t.Logf("saw \"sandbox pod not found\" inside the cache window: %v", sawNotFound)
+}
+
+// TestBootstrapServiceAccountSets: which pod ServiceAccounts bootstrap, with
+// pods whose account the driver did not assign and real pod-bound tokens.
+func TestBootstrapServiceAccountSets(t *testing.T) {
+	b := newBootstrapEnv(t)
+	for _, sa := range []string{"sa-2", "sa-external", "sa-other"} {
+		b.c.CreateServiceAccount(t, b.ns, sa)
+	}
+	id := map[string]string{kubernetes.AnnotationSandboxID: b.sb.ID}
+	tests := []struct {
+		name       string
+		additional []any
+		presented  string
+		ok         bool
+	}{
+		{"default only, other presented", nil, "sa-2", false},
+		{"default only, default presented", nil, testSA, true},
+		{"plus sa-2, sa-2 presented", []any{"sa-2"}, "sa-2", true},
+		{"plus sa-2, default presented", []any{"sa-2"}, testSA, true},
+		{"padded in config", []any{" sa-2 "}, "sa-2", true},
+		{"qualified for this namespace", []any{b.ns + ":sa-2"}, "sa-2", true},
+		{"qualified for another namespace", []any{"elsewhere:sa-2"}, "sa-2", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := b.driver(t, map[string]any{"additional_bootstrap_service_account_names": tt.additional})
+			a, err := d.BootstrapAuthenticator(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			tok := b.token(t, b.handPod(t, b.ns, tt.presented, id, b.refs))
+			if !tt.ok {
+				wantRejected(t, a, tok, codes.PermissionDenied, "SA token is not from an accepted sandbox service account")
+				return
+			}
+			if p, err := a.Authenticate(t.Context(), request(tok)); err != nil || p.SandboxID != b.sb.ID {
+				t.Errorf("Authenticate() = %+v, %v, want sandbox %s", p, err, b.sb.ID)
+			}
+		})
+	}
+
+	// Selectable and bootstrap-only accounts together.
+	d := b.driver(t, map[string]any{
+		"additional_bootstrap_service_account_names": []any{"sa-external"},
+		"selectable_service_account_names":           []any{"sa-2"},
+	})
+	a, err := d.BootstrapAuthenticator(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	selected := goodSandbox(computetest.NewID(), computetest.NewName())
+	selected.Spec.Template.PlatformConfig = map[string]any{"service_account_name": "sa-2"}
+	if err := d.Create(t.Context(), selected); err != nil {
+		t.Fatalf("Create(sa-2) error = %v", err)
+	}
+	pod := b.c.WaitForPod(t, b.ns, selected.Name)
+	if pod.Spec.ServiceAccountName != "sa-2" {
+		t.Fatalf("pod runs %q, want sa-2", pod.Spec.ServiceAccountName)
+	}
+	if p, err := a.Authenticate(t.Context(), request(b.token(t, pod))); err != nil || p.SandboxID != selected.ID {
+		t.Errorf("Authenticate(selected sa-2) = %+v, %v, want sandbox %s", p, err, selected.ID)
+	}
+	external := b.handPod(t, b.ns, "sa-external", id, b.refs)
+	if p, err := a.Authenticate(t.Context(), request(b.token(t, external))); err != nil || p.SandboxID != b.sb.ID {
+		t.Errorf("Authenticate(sa-external, assigned out of band) = %+v, %v", p, err)
+	}
+	neither := b.handPod(t, b.ns, "sa-other", id, b.refs)
+	wantRejected(t, a, b.token(t, neither), codes.PermissionDenied, "SA token is not from an accepted sandbox service account")
+
+	for _, sa := range []string{"sa-external", "unknown"} {
+		sb := goodSandbox(computetest.NewID(), computetest.NewName())
+		sb.Spec.Template.PlatformConfig = map[string]any{"service_account_name": sa}
+		if err := d.Create(t.Context(), sb); errdefs.Code(err) != codes.InvalidArgument {
+			t.Errorf("Create(%s) error = %v, want InvalidArgument", sa, err)
+		}
+	}
 }

@@ -39,6 +39,12 @@ type Config struct {
 	SupervisorImage      string
 	ImagePullPolicy      string
 	ServiceAccountName   string
+	// AdditionalBootstrapServiceAccountNames are accepted for bootstrap
+	// only (accounts something other than the driver assigns to pods).
+	AdditionalBootstrapServiceAccountNames []string
+	// SelectableServiceAccountNames may be requested per sandbox
+	// (template.service_account_name) besides ServiceAccountName.
+	SelectableServiceAccountNames []string
 	RuntimeClassName     string
 	ClientTLSSecretName  string
 	SATokenTTLSecs       int64
@@ -150,6 +156,10 @@ func ParseConfig(cfg map[string]any) (Config, error) {
 			c.ImagePullPolicy, err = asString(k, v)
 		case "service_account_name":
 			c.ServiceAccountName, err = asString(k, v)
+		case "additional_bootstrap_service_account_names":
+			c.AdditionalBootstrapServiceAccountNames, err = asStrings(k, v)
+		case "selectable_service_account_names":
+			c.SelectableServiceAccountNames, err = asStrings(k, v)
 		case "runtime_class_name":
 			c.RuntimeClassName, err = asString(k, v)
 		case "client_tls_secret_name":
@@ -217,7 +227,13 @@ func (c *Config) validate() error {
 		return bad("sandbox_namespace", c.SandboxNamespace, errs)
 	}
 	if errs := validation.IsDNS1123Subdomain(c.ServiceAccountName); len(errs) > 0 {
-		return invalid("service_account_name %q is not a valid Kubernetes ServiceAccount name", c.ServiceAccountName)
+		return invalid("service_account_name '%s' is not a valid Kubernetes ServiceAccount name", c.ServiceAccountName)
+	}
+	if err := CheckServiceAccountNames("additional_bootstrap_service_account_names", c.AdditionalBootstrapServiceAccountNames); err != nil {
+		return err
+	}
+	if err := CheckServiceAccountNames("selectable_service_account_names", c.SelectableServiceAccountNames); err != nil {
+		return err
 	}
 	if c.RuntimeClassName != "" {
 		if errs := validation.IsDNS1123Subdomain(c.RuntimeClassName); len(errs) > 0 {
@@ -293,10 +309,18 @@ func (c Config) NamespaceValidator() NamespaceValidator {
 	}
 }
 
-// ServiceAccountValidator returns the accepted bootstrap ServiceAccounts:
-// today the single configured service_account_name.
+// ServiceAccountValidator returns the ServiceAccounts accepted for
+// bootstrap: the pod default ∪ additional_bootstrap_service_account_names ∪
+// selectable_service_account_names. The driver and the bootstrap
+// authenticator both use it.
 func (c Config) ServiceAccountValidator() ServiceAccountValidator {
-	return NewServiceAccountValidator(c.ServiceAccountName)
+	return c.SelectableServiceAccounts().Union(NewServiceAccountValidator(c.AdditionalBootstrapServiceAccountNames...))
+}
+
+// SelectableServiceAccounts returns the ServiceAccounts a sandbox may ask
+// for: the pod default ∪ selectable_service_account_names.
+func (c Config) SelectableServiceAccounts() ServiceAccountValidator {
+	return NewServiceAccountValidator(append([]string{c.ServiceAccountName}, c.SelectableServiceAccountNames...)...)
 }
 
 func (c Config) managedPrefix() string { return "openshell-" + c.GatewayID + "-" }

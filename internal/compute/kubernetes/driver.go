@@ -349,9 +349,29 @@ func parseDriverConfig(m map[string]any) (driverConfig, error) {
 }
 
 // ValidateCreate implements compute.Driver. It has no side effects.
-func (d *Driver) ValidateCreate(_ context.Context, sb compute.Sandbox) error {
-	_, err := d.plan(sb)
-	return err
+func (d *Driver) ValidateCreate(ctx context.Context, sb compute.Sandbox) error {
+	p, err := d.plan(sb)
+	if err != nil {
+		return err
+	}
+	return d.checkSelectedAccount(ctx, p)
+}
+
+// checkSelectedAccount: in managed mode a non-default ServiceAccount must
+// already exist in the workspace namespace (EnsureWorkspace only creates the
+// default one), or the pod could never start.
+func (d *Driver) checkSelectedAccount(ctx context.Context, p plan) error {
+	sa := p.opts.ServiceAccountName
+	if d.cfg.WorkspaceMode != ModeManaged || sa == d.cfg.ServiceAccountName {
+		return nil
+	}
+	_, err := d.kube.CoreV1().ServiceAccounts(p.namespace).Get(ctx, sa, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return errdefs.FailedPrecondition(fmt.Sprintf("service account '%s' does not exist in namespace %s", sa, p.namespace))
+	} else if err != nil {
+		return apiError("get serviceaccount "+p.namespace+"/"+sa, err)
+	}
+	return nil
 }
 
 func (d *Driver) plan(sb compute.Sandbox) (plan, error) {
@@ -386,7 +406,7 @@ func (d *Driver) plan(sb compute.Sandbox) (plan, error) {
 	if err := checkResources(t.Resources); err != nil {
 		return p, err
 	}
-	sa, err := d.resolveServiceAccount(t.PlatformConfig)
+	sa, err := d.resolveServiceAccount(sb.ID, ns, t.PlatformConfig)
 	if err != nil {
 		return p, err
 	}
@@ -426,6 +446,9 @@ func (d *Driver) plan(sb compute.Sandbox) (plan, error) {
 		}
 	}
 	userns := d.cfg.EnableUserNamespaces
+	if v, ok := t.PlatformConfig["user_namespaces"].(bool); ok {
+		userns = v
+	}
 	if v, ok := t.PlatformConfig["host_users"].(bool); ok {
 		userns = !v
 	}
@@ -464,9 +487,10 @@ func (d *Driver) plan(sb compute.Sandbox) (plan, error) {
 }
 
 // resolveServiceAccount picks the pod's ServiceAccount: the configured
-// service_account_name unless platform_config names another selectable one
-// (today only the configured name is selectable).
-func (d *Driver) resolveServiceAccount(pc map[string]any) (string, error) {
+// service_account_name, unless platform_config.service_account_name names
+// a selectable one (in namespace ns). A non-string value is ignored; a blank
+// or non-selectable one is InvalidArgument: never a fallback.
+func (d *Driver) resolveServiceAccount(sandboxID, ns string, pc map[string]any) (string, error) {
 	v, ok := pc["service_account_name"]
 	if !ok {
 		return d.cfg.ServiceAccountName, nil
@@ -475,9 +499,12 @@ func (d *Driver) resolveServiceAccount(pc map[string]any) (string, error) {
 	if !ok {
 		return d.cfg.ServiceAccountName, nil
 	}
-	if t := strings.TrimSpace(s); t != "" && t == d.cfg.ServiceAccountName {
+	sel := d.cfg.SelectableServiceAccounts()
+	if t := strings.TrimSpace(s); t != "" && sel.AcceptsIn(ns, t) {
 		return t, nil
 	}
+	d.log.Warn("rejected a sandbox ServiceAccount request that is not selectable",
+		"sandbox_id", sandboxID, "requested_service_account", s, "selectable_service_accounts", sel.Names())
 	return "", errdefs.InvalidArgument(fmt.Sprintf("service_account_name '%s' is not selectable on this gateway", s))
 }
 
@@ -550,6 +577,9 @@ func (d *Driver) sandboxObject(gvr schema.GroupVersionResource, sb compute.Sandb
 func (d *Driver) Create(ctx context.Context, sb compute.Sandbox) error {
 	p, err := d.plan(sb)
 	if err != nil {
+		return err
+	}
+	if err := d.checkSelectedAccount(ctx, p); err != nil {
 		return err
 	}
 	gvr, err := d.sandboxGVR(ctx)

@@ -375,7 +375,7 @@ func TestRejectedCreateLeavesNothing(t *testing.T) {
 func TestManagedWorkspace(t *testing.T) {
 	e := newEnv(t)
 	gw := "gw" + computetest.NewName()[3:]
-	d := e.driver(t, map[string]any{"workspace_mode": "managed", "gateway_id": gw})
+	d := e.driver(t, map[string]any{"workspace_mode": "managed", "gateway_id": gw, "selectable_service_account_names": []any{"sa-2"}})
 	for range 2 { // idempotent
 		if err := d.EnsureWorkspace(t.Context(), "team-a"); err != nil {
 			t.Fatalf("EnsureWorkspace() error = %v", err)
@@ -384,6 +384,18 @@ func TestManagedWorkspace(t *testing.T) {
 	ns := "openshell-" + gw + "-team-a"
 	if _, err := e.c.Clientset.CoreV1().ServiceAccounts(ns).Get(t.Context(), testSA, metav1.GetOptions{}); err != nil {
 		t.Fatalf("service account in %s: %v", ns, err)
+	}
+	// A selectable account must exist in the workspace namespace.
+	sel := goodSandbox(computetest.NewID(), computetest.NewName())
+	sel.Workspace = "team-a"
+	sel.Spec.Template.PlatformConfig = map[string]any{"service_account_name": "sa-2"}
+	err := d.Create(t.Context(), sel)
+	if errdefs.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "'sa-2'") {
+		t.Errorf("Create(sa-2 missing) error = %v, want FailedPrecondition naming sa-2", err)
+	}
+	e.c.CreateServiceAccount(t, ns, "sa-2")
+	if err := d.ValidateCreate(t.Context(), sel); err != nil {
+		t.Errorf("ValidateCreate(sa-2 present) error = %v", err)
 	}
 	sb := goodSandbox(computetest.NewID(), computetest.NewName())
 	sb.Workspace = "team-a"

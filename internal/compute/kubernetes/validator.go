@@ -3,6 +3,8 @@ package kubernetes
 import (
 	"slices"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // NamespaceValidator decides which namespaces may hold this gateway's
@@ -64,31 +66,72 @@ func (v NamespaceValidator) String() string {
 	}
 }
 
-// ServiceAccountValidator is the closed set of ServiceAccount names whose
-// pod-bound tokens may bootstrap a sandbox identity. Matching is exact on the
-// bare name; the namespace is checked separately by [NamespaceValidator].
+// ServiceAccountValidator is a closed set of ServiceAccounts. Entries are
+// bare names, which match in every namespace (the namespace is checked
+// separately by [NamespaceValidator]), or "namespace:name", which match only
+// in that namespace. Matching is exact. The zero value accepts nothing.
 type ServiceAccountValidator struct {
-	names []string // sorted, unique
+	entries []string // sorted, unique; bare or ns:name
 }
 
-// NewServiceAccountValidator returns a validator accepting names (trimmed;
-// blank entries dropped; duplicates collapse).
-func NewServiceAccountValidator(names ...string) ServiceAccountValidator {
+// NewServiceAccountValidator returns a validator accepting entries
+// (trimmed; blank entries dropped; duplicates collapse). It does not
+// validate them: see [CheckServiceAccountNames].
+func NewServiceAccountValidator(entries ...string) ServiceAccountValidator {
 	var l []string
-	for _, n := range names {
+	for _, n := range entries {
 		if n = strings.TrimSpace(n); n != "" {
 			l = append(l, n)
 		}
 	}
 	slices.Sort(l)
-	return ServiceAccountValidator{names: slices.Compact(l)}
+	return ServiceAccountValidator{entries: slices.Compact(l)}
 }
 
-// Accepts reports whether name is an accepted sandbox ServiceAccount.
+// Union returns a validator accepting what v or o accepts.
+func (v ServiceAccountValidator) Union(o ServiceAccountValidator) ServiceAccountValidator {
+	return NewServiceAccountValidator(append(slices.Clone(v.entries), o.entries...)...)
+}
+
+// Accepts reports whether the bare entry name is in the set.
 func (v ServiceAccountValidator) Accepts(name string) bool {
-	_, ok := slices.BinarySearch(v.names, name)
-	return ok
+	_, ok := slices.BinarySearch(v.entries, name)
+	return ok && !strings.Contains(name, ":")
 }
 
-// Names returns the accepted names, sorted.
-func (v ServiceAccountValidator) Names() []string { return slices.Clone(v.names) }
+// AcceptsIn reports whether ServiceAccount namespace/name is in the set,
+// through a bare entry or a namespace-qualified one.
+func (v ServiceAccountValidator) AcceptsIn(namespace, name string) bool {
+	if name == "" || strings.Contains(name, ":") {
+		return false
+	}
+	if v.Accepts(name) {
+		return true
+	}
+	_, ok := slices.BinarySearch(v.entries, namespace+":"+name)
+	return ok && namespace != ""
+}
+
+// Names returns the entries, sorted.
+func (v ServiceAccountValidator) Names() []string { return slices.Clone(v.entries) }
+
+// CheckServiceAccountNames validates the entries of config key: each, once
+// trimmed, must be a ServiceAccount name (DNS-1123 subdomain) or
+// "namespace:name" with a DNS-1123 label namespace. Blank entries are
+// allowed (they are dropped).
+func CheckServiceAccountNames(key string, entries []string) error {
+	for _, e := range entries {
+		t := strings.TrimSpace(e)
+		if t == "" {
+			continue
+		}
+		ns, name, qualified := strings.Cut(t, ":")
+		if !qualified {
+			ns, name = "", t
+		}
+		if len(validation.IsDNS1123Subdomain(name)) > 0 || (qualified && len(validation.IsDNS1123Label(ns)) > 0) {
+			return invalid("%s entry '%s' is not a valid Kubernetes ServiceAccount name", key, e)
+		}
+	}
+	return nil
+}
