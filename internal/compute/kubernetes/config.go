@@ -30,28 +30,28 @@ const (
 
 // Config is the parsed [openshell.drivers.kubernetes] table.
 type Config struct {
-	Kubeconfig           string
-	SandboxNamespace     string
-	WorkspaceMode        string
-	AllowedNamespaces    []string
-	GatewayID            string
-	DefaultImage         string
-	SupervisorImage      string
-	ImagePullPolicy      string
-	ServiceAccountName   string
+	Kubeconfig         string
+	SandboxNamespace   string
+	WorkspaceMode      string
+	AllowedNamespaces  []string
+	GatewayID          string
+	DefaultImage       string
+	SupervisorImage    string
+	ImagePullPolicy    string
+	ServiceAccountName string
 	// AdditionalBootstrapServiceAccountNames are accepted for bootstrap
 	// only (accounts something other than the driver assigns to pods).
 	AdditionalBootstrapServiceAccountNames []string
 	// SelectableServiceAccountNames may be requested per sandbox
 	// (template.service_account_name) besides ServiceAccountName.
 	SelectableServiceAccountNames []string
-	RuntimeClassName     string
-	ClientTLSSecretName  string
-	SATokenTTLSecs       int64
-	GatewayEndpoint      string
-	EnableUserNamespaces bool
-	WorkspacePVC         *WorkspacePVC
-	AllowAdoption        bool
+	RuntimeClassName              string
+	ClientTLSSecretName           string
+	SATokenTTLSecs                int64
+	GatewayEndpoint               string
+	EnableUserNamespaces          bool
+	WorkspacePVC                  *WorkspacePVC
+	AllowAdoption                 bool
 	// SandboxAPIVersion pins the Sandbox API version ("v1beta1" or
 	// "v1alpha1"); empty discovers it (v1beta1 when served).
 	SandboxAPIVersion string
