@@ -6,11 +6,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,11 +32,16 @@ type kubeGateway struct {
 
 const kubeSandboxSA = "openshell-sandbox"
 
-func startKubeGateway(t *testing.T) kubeGateway {
+// startKubeGateway starts a cluster and a gateway on it; extraTOML is
+// appended to the [openshell.drivers.kubernetes] table; accounts are extra
+// ServiceAccounts to create in the sandbox namespace.
+func startKubeGateway(t *testing.T, extraTOML string, accounts ...string) kubeGateway {
 	t.Helper()
 	c := k8stest.Start(t, k8stest.Options{Controller: true})
 	ns := c.CreateNamespace(t, "")
-	c.CreateServiceAccount(t, ns, kubeSandboxSA)
+	for _, sa := range append([]string{kubeSandboxSA}, accounts...) {
+		c.CreateServiceAccount(t, ns, sa)
+	}
 	port := freePort(t)
 	dir := TempDir(t)
 	toml := fmt.Sprintf(`[openshell]
@@ -46,7 +54,7 @@ gateway_endpoint = "https://127.0.0.1:%d"
 default_image = "agent:1"
 supervisor_image = "openshell-sandbox:test"
 client_tls_secret_name = "openshell-client-tls"
-`, c.Kubeconfig, ns, port)
+%s`, c.Kubeconfig, ns, port, extraTOML)
 	cfgPath := filepath.Join(dir, "gateway.toml")
 	if err := os.WriteFile(cfgPath, []byte(toml), 0o600); err != nil {
 		t.Fatal(err)
@@ -119,7 +127,7 @@ func (k kubeGateway) runPodSupervisor(t *testing.T, pod *corev1.Pod, token strin
 // real pod-bound token; it exchanges the token through IssueSandboxToken,
 // connects, the sandbox turns READY, exec works, delete removes the CR.
 func TestKubernetesEndToEnd(t *testing.T) {
-	k := startKubeGateway(t)
+	k := startKubeGateway(t, "")
 	c := k.Client()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
@@ -180,7 +188,7 @@ func TestKubernetesEndToEnd(t *testing.T) {
 // TestKubernetesRejectedCreateLeavesNothing: a create the driver refuses
 // leaves no Sandbox CR behind and no record in the gateway.
 func TestKubernetesRejectedCreateLeavesNothing(t *testing.T) {
-	k := startKubeGateway(t)
+	k := startKubeGateway(t, "")
 	c := k.Client()
 	ctx := t.Context()
 	_, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "good", Spec: &openshellv1.SandboxSpec{
@@ -209,5 +217,59 @@ func TestKubernetesRejectedCreateLeavesNothing(t *testing.T) {
 	}
 	if _, err := c.GetSandbox(ctx, &openshellv1.GetSandboxRequest{Name: "bad-image"}); err == nil {
 		t.Errorf("GetSandbox(bad-image) found a record of a rejected create")
+	}
+}
+
+// TestKubernetesServiceAccountSelection: with a bootstrap-only account and a
+// selectable one, CreateSandbox honours template.service_account_name for
+// selectable accounts only, and only the successful creates leave a CR.
+func TestKubernetesServiceAccountSelection(t *testing.T) {
+	k := startKubeGateway(t, `additional_bootstrap_service_account_names = ["sa-external"]
+selectable_service_account_names = ["sa-2"]
+`, "sa-2", "sa-external")
+	c := k.Client()
+	ctx := t.Context()
+	create := func(name, sa string) error {
+		_, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: name, Spec: &openshellv1.SandboxSpec{
+			Command:  []string{"sleep", "infinity"},
+			Template: &openshellv1.SandboxTemplate{ServiceAccountName: sa},
+		}})
+		return err
+	}
+	for name, want := range map[string]string{"sa-unset": kubeSandboxSA, "sa-selected": "sa-2"} {
+		sa := ""
+		if name == "sa-selected" {
+			sa = "sa-2"
+		}
+		if err := create(name, sa); err != nil {
+			t.Fatalf("CreateSandbox(%s) error = %v", name, err)
+		}
+		if got := k.c.WaitForPod(t, k.ns, name).Spec.ServiceAccountName; got != want {
+			t.Errorf("%s: pod runs %q, want %q", name, got, want)
+		}
+	}
+	for _, tt := range []struct{ name, sa, msg string }{
+		{"sa-external", "sa-external", "service_account_name 'sa-external' is not selectable on this gateway"},
+		{"sa-unknown", "unknown", "service_account_name 'unknown' is not selectable on this gateway"},
+		{"sa-dns", "Openshell_Sandbox", "template.service_account_name must be a valid Kubernetes ServiceAccount name"},
+		{"sa-blank", " ", ""},
+		{"sa-long", strings.Repeat("a", 2000), "template.service_account_name exceeds maximum length (2000 > 1024)"},
+	} {
+		err := create(tt.name, tt.sa)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), tt.msg) {
+			t.Errorf("CreateSandbox(%s, %.20q) = %v, want InvalidArgument containing %q", tt.name, tt.sa, err, tt.msg)
+		}
+	}
+	l, err := k.c.Dynamic.Resource(k8stest.SandboxGVR).Namespace(k.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, u := range l.Items {
+		names = append(names, u.GetName())
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, []string{"sa-selected", "sa-unset"}) {
+		t.Errorf("Sandbox CRs = %v, want only the two successful creates", names)
 	}
 }
