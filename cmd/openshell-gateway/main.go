@@ -14,6 +14,9 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The first signal starts a graceful drain; restoring the default
+	// handlers makes a second one end the process at once.
+	context.AfterFunc(ctx, stop)
 	if err := gateway.Run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintf(os.Stderr, "openshell-gateway: %v\n", err)
 		os.Exit(gateway.ExitCode(err))
