@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -36,7 +37,20 @@ func supervisorPID(t *testing.T, g *Gateway, id string) int {
 	return rec.PID
 }
 
-func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
+// alive reports whether pid runs. A zombie is dead: a supervisor whose
+// gateway was killed is reparented and reaped by whoever inherits it.
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	s := string(data)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	return len(fields) > 0 && fields[0] != "Z"
+}
 
 // sandboxDirs lists the process driver's per-sandbox directories.
 func sandboxDirs(t *testing.T, g *Gateway) []string {
