@@ -56,6 +56,10 @@ type Driver struct {
 
 	mu  sync.Mutex
 	gvr schema.GroupVersionResource // discovered; zero until then
+
+	// beforeAdoptWrite, when set (tests), runs between Adopt's read and
+	// its conditional write.
+	beforeAdoptWrite func()
 }
 
 var (
