@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 	"golang.org/x/term"
 	"google.golang.org/grpc"
 
@@ -294,10 +293,4 @@ func parseKV(flag string, vals []string) (map[string]string, error) {
 		m[k] = val
 	}
 	return m, nil
-}
-
-// flagChanged reports whether a flag was set on the command line.
-func flagChanged(fs *pflag.FlagSet, name string) bool {
-	f := fs.Lookup(name)
-	return f != nil && f.Changed
 }

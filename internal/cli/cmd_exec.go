@@ -38,7 +38,7 @@ are terminals) the command gets a terminal of your window's size.`,
   echo hi | openshell sandbox exec --name dev -- cat`,
 		Args: argsUsage(func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return errors.New("missing command: openshell sandbox exec --name NAME -- CMD...")
+				return errors.New("missing command: openshell sandbox exec --name NAME -- CMD...") //nolint:staticcheck // ST1005: user-facing usage line ending in "CMD..."
 			}
 			return nil
 		}),

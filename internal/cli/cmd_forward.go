@@ -104,7 +104,7 @@ func (a *app) forward(ctx context.Context, name string, local, remote uint16) er
 	if err != nil {
 		return &userError{msg: fmt.Sprintf("cannot listen on 127.0.0.1:%d: %v", local, err), cause: err}
 	}
-	fmt.Fprintf(a.stderr, "Forwarding %s -> sandbox %s port %d (Ctrl-C to stop)\n", ln.Addr(), name, remote)
+	_, _ = fmt.Fprintf(a.stderr, "Forwarding %s -> sandbox %s port %d (Ctrl-C to stop)\n", ln.Addr(), name, remote)
 	if a.onListen != nil {
 		a.onListen(ln.Addr())
 	}
@@ -125,14 +125,14 @@ func (a *app) forward(ctx context.Context, name string, local, remote uint16) er
 			t, err := a.openTunnel(ctx, tcpInit(id, sess.GetToken(), uint32(remote)))
 			if err != nil {
 				_ = c.Close()
-				fmt.Fprintf(a.stderr, "forward %s: %v\n", c.RemoteAddr(), a.rpcError(err, sandboxWhat(name)))
+				_, _ = fmt.Fprintf(a.stderr, "forward %s: %v\n", c.RemoteAddr(), a.rpcError(err, sandboxWhat(name)))
 				return
 			}
 			// Closing the local side on ctx end unblocks the bridge.
 			stopConn := context.AfterFunc(ctx, func() { _ = c.Close(); _ = t.Close() })
 			defer stopConn()
 			if err := bridge(c, t); err != nil && ctx.Err() == nil && a.verbose {
-				fmt.Fprintf(a.stderr, "forward %s: %v\n", c.RemoteAddr(), a.rpcError(err, sandboxWhat(name)))
+				_, _ = fmt.Fprintf(a.stderr, "forward %s: %v\n", c.RemoteAddr(), a.rpcError(err, sandboxWhat(name)))
 			}
 		})
 	}
@@ -197,7 +197,7 @@ func (a *app) startBackgroundForward(ctx context.Context, name string, local, re
 		}
 		if time.Now().After(deadline) {
 			_ = child.Process.Kill()
-			<-exited
+			<-exited //nolint:errcheck // reaped only; the timeout is the error reported
 			return &userError{msg: fmt.Sprintf("background forward did not start listening on %s within 15s; see %s", addr, logPath)}
 		}
 	}
@@ -212,7 +212,7 @@ func (a *app) startBackgroundForward(ctx context.Context, name string, local, re
 	}
 	// The child keeps running after we exit; release it.
 	_ = child.Process.Release()
-	fmt.Fprintf(a.stdout, "Forwarding %s -> sandbox %s port %d in the background (pid %d)\n", addr, name, remote, st.PID)
+	_, _ = fmt.Fprintf(a.stdout, "Forwarding %s -> sandbox %s port %d in the background (pid %d)\n", addr, name, remote, st.PID)
 	return nil
 }
 
@@ -281,13 +281,13 @@ func (a *app) newForwardListCmd() *cobra.Command {
 				return a.printPlain(fw)
 			}
 			if len(fw) == 0 {
-				fmt.Fprintln(a.stderr, "No background forwards")
+				_, _ = fmt.Fprintln(a.stderr, "No background forwards")
 				return nil
 			}
 			tw := newTable(a.stdout)
-			fmt.Fprintln(tw, "LOCAL\tSANDBOX\tREMOTE\tPID\tAGE")
+			_, _ = fmt.Fprintln(tw, "LOCAL\tSANDBOX\tREMOTE\tPID\tAGE")
 			for _, f := range fw {
-				fmt.Fprintf(tw, "127.0.0.1:%d\t%s\t%d\t%d\t%s\n", f.Local, f.Sandbox, f.Remote, f.PID, humanAge(a.now().Sub(f.StartedAt)))
+				_, _ = fmt.Fprintf(tw, "127.0.0.1:%d\t%s\t%d\t%d\t%s\n", f.Local, f.Sandbox, f.Remote, f.PID, humanAge(a.now().Sub(f.StartedAt)))
 			}
 			return tw.Flush()
 		},
@@ -325,7 +325,7 @@ func (a *app) newForwardStopCmd() *cobra.Command {
 					return fmt.Errorf("stop forward on port %d (pid %d): %w", f.Local, f.PID, err)
 				}
 				_ = os.Remove(filepath.Join(a.forwardsDir(), fmt.Sprintf("%d.json", f.Local)))
-				fmt.Fprintf(a.stdout, "Stopped forward 127.0.0.1:%d -> %s:%d\n", f.Local, f.Sandbox, f.Remote)
+				_, _ = fmt.Fprintf(a.stdout, "Stopped forward 127.0.0.1:%d -> %s:%d\n", f.Local, f.Sandbox, f.Remote)
 				stopped++
 			}
 			if stopped == 0 {

@@ -49,7 +49,7 @@ func (a *app) newGatewayAddCmd() *cobra.Command {
 				}
 				active = " and selected it"
 			}
-			fmt.Fprintf(a.stdout, "Registered gateway %q at %s%s\n", e.Name, e.Endpoint, active)
+			_, _ = fmt.Fprintf(a.stdout, "Registered gateway %q at %s%s\n", e.Name, e.Endpoint, active)
 			return nil
 		},
 	}
@@ -127,18 +127,18 @@ func (a *app) newGatewayListCmd() *cobra.Command {
 				return a.printPlain(views)
 			}
 			if len(views) == 0 {
-				fmt.Fprintln(a.stdout, "No gateways registered; openshell uses a local gateway on 127.0.0.1:17670.")
-				fmt.Fprintln(a.stdout, "Register one with: openshell gateway add NAME --endpoint URL")
+				_, _ = fmt.Fprintln(a.stdout, "No gateways registered; openshell uses a local gateway on 127.0.0.1:17670.")
+				_, _ = fmt.Fprintln(a.stdout, "Register one with: openshell gateway add NAME --endpoint URL")
 				return nil
 			}
 			tw := newTable(a.stdout)
-			fmt.Fprintln(tw, "ACTIVE\tNAME\tENDPOINT\tAUTH\tSOURCE")
+			_, _ = fmt.Fprintln(tw, "ACTIVE\tNAME\tENDPOINT\tAUTH\tSOURCE")
 			for _, v := range views {
 				mark := ""
 				if v.Active {
 					mark = "*"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", mark, v.Name, v.Endpoint, v.Auth, v.Source)
+				_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", mark, v.Name, v.Endpoint, v.Auth, v.Source)
 			}
 			return tw.Flush()
 		},
@@ -154,7 +154,7 @@ func (a *app) newGatewaySelectCmd() *cobra.Command {
 			if err := a.newRegistry().Select(args[0]); err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "Selected gateway %q\n", args[0])
+			_, _ = fmt.Fprintf(a.stdout, "Selected gateway %q\n", args[0])
 			return nil
 		},
 	}
@@ -170,7 +170,7 @@ func (a *app) newGatewayRemoveCmd() *cobra.Command {
 			if err := a.newRegistry().Remove(args[0]); err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "Removed gateway %q\n", args[0])
+			_, _ = fmt.Fprintf(a.stdout, "Removed gateway %q\n", args[0])
 			return nil
 		},
 	}
@@ -194,7 +194,7 @@ func (a *app) newGatewayInfoCmd() *cobra.Command {
 					return a.printPlain(v)
 				}
 				tw := newTable(a.stdout)
-				fmt.Fprintf(tw, "Name:\t%s\nEndpoint:\t%s\nAuth:\t%s\nActive:\t%v\nSource:\t%s\nDirectory:\t%s\n", v.Name, v.Endpoint, v.Auth, v.Active, v.Source, v.Dir)
+				_, _ = fmt.Fprintf(tw, "Name:\t%s\nEndpoint:\t%s\nAuth:\t%s\nActive:\t%v\nSource:\t%s\nDirectory:\t%s\n", v.Name, v.Endpoint, v.Auth, v.Active, v.Source, v.Dir)
 				return tw.Flush()
 			}
 			t, err := a.resolveGateway()
@@ -207,15 +207,15 @@ func (a *app) newGatewayInfoCmd() *cobra.Command {
 				return a.printPlain(view)
 			}
 			tw := newTable(a.stdout)
-			fmt.Fprintf(tw, "Name:\t%s\nEndpoint:\t%s\nChosen by:\t%s\n", orDash(t.Name), t.Endpoint, t.Source)
+			_, _ = fmt.Fprintf(tw, "Name:\t%s\nEndpoint:\t%s\nChosen by:\t%s\n", orDash(t.Name), t.Endpoint, t.Source)
 			if t.CAFile != "" {
-				fmt.Fprintf(tw, "CA:\t%s\n", t.CAFile)
+				_, _ = fmt.Fprintf(tw, "CA:\t%s\n", t.CAFile)
 			}
 			if t.CertFile != "" {
-				fmt.Fprintf(tw, "Client certificate:\t%s\n", t.CertFile)
+				_, _ = fmt.Fprintf(tw, "Client certificate:\t%s\n", t.CertFile)
 			}
 			if t.Insecure {
-				fmt.Fprintf(tw, "TLS verification:\tdisabled\n")
+				_, _ = fmt.Fprintf(tw, "TLS verification:\tdisabled\n")
 			}
 			return tw.Flush()
 		},

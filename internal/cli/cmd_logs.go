@@ -76,7 +76,7 @@ sandbox's supervisor ("sandbox"). With --follow, keep printing new lines.`,
 				ev, err := stream.Recv()
 				if err != nil {
 					if errors.Is(err, io.EOF) || ctx.Err() != nil {
-						return nil
+						return nil //nolint:nilerr // end of stream or interrupted: a normal exit
 					}
 					return a.rpcError(err, sandboxWhat(name))
 				}
@@ -90,7 +90,7 @@ sandbox's supervisor ("sandbox"). With --follow, keep printing new lines.`,
 					}
 					a.printLogLine(p.Log)
 				case *openshellv1.SandboxStreamEvent_Warning:
-					fmt.Fprintf(a.stderr, "warning: %s\n", p.Warning.GetMessage())
+					_, _ = fmt.Fprintf(a.stderr, "warning: %s\n", p.Warning.GetMessage())
 				}
 			}
 		},
@@ -127,5 +127,5 @@ func (a *app) printLogLine(l *openshellv1.SandboxLogLine) {
 			fmt.Fprintf(&b, " %s=%s", k, l.GetFields()[k])
 		}
 	}
-	fmt.Fprintln(a.stdout, b.String())
+	_, _ = fmt.Fprintln(a.stdout, b.String())
 }

@@ -138,7 +138,7 @@ func (a *app) createSandbox(ctx context.Context, req *openshellv1.CreateSandboxR
 	sb := resp.GetSandbox()
 	name := sb.GetMetadata().GetName()
 	if !a.structured() {
-		fmt.Fprintf(a.stderr, "Created sandbox %s\n", name)
+		_, _ = fmt.Fprintf(a.stderr, "Created sandbox %s\n", name)
 	}
 	ready, err := a.waitReady(ctx, sb)
 	if err != nil {
@@ -150,9 +150,9 @@ func (a *app) createSandbox(ctx context.Context, req *openshellv1.CreateSandboxR
 	if a.structured() {
 		return a.printProto(ready)
 	}
-	fmt.Fprintf(a.stderr, "Sandbox %s is ready\n", name)
+	_, _ = fmt.Fprintf(a.stderr, "Sandbox %s is ready\n", name)
 	if detach {
-		fmt.Fprintf(a.stderr, "Connect with: openshell sandbox connect %s\n", name)
+		_, _ = fmt.Fprintf(a.stderr, "Connect with: openshell sandbox connect %s\n", name)
 		return nil
 	}
 	return a.connect(ctx, ready)
@@ -162,15 +162,15 @@ func (a *app) createSandbox(ctx context.Context, req *openshellv1.CreateSandboxR
 // terminal it asks whether to delete the sandbox, otherwise it leaves it
 // and says how to delete it.
 func (a *app) interruptedProvisioning(name string) error {
-	fmt.Fprintln(a.stderr)
+	_, _ = fmt.Fprintln(a.stderr)
 	if !a.stdinTerminal() {
-		fmt.Fprintf(a.stderr, "Interrupted; sandbox %s was left in place. Delete it with: openshell sandbox delete %s\n", name, name)
+		_, _ = fmt.Fprintf(a.stderr, "Interrupted; sandbox %s was left in place. Delete it with: openshell sandbox delete %s\n", name, name)
 		return context.Canceled
 	}
-	fmt.Fprintf(a.stderr, "delete sandbox %s? [y/N] ", name)
+	_, _ = fmt.Fprintf(a.stderr, "delete sandbox %s? [y/N] ", name)
 	line, _ := bufio.NewReader(a.stdin).ReadString('\n')
 	if ans := strings.ToLower(strings.TrimSpace(line)); ans != "y" && ans != "yes" {
-		fmt.Fprintf(a.stderr, "Sandbox %s was left in place. Delete it with: openshell sandbox delete %s\n", name, name)
+		_, _ = fmt.Fprintf(a.stderr, "Sandbox %s was left in place. Delete it with: openshell sandbox delete %s\n", name, name)
 		return context.Canceled
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -178,7 +178,7 @@ func (a *app) interruptedProvisioning(name string) error {
 	if _, err := a.client.DeleteSandbox(ctx, &openshellv1.DeleteSandboxRequest{Name: name, Workspace: a.ws()}); err != nil {
 		return a.rpcError(err, sandboxWhat(name))
 	}
-	fmt.Fprintf(a.stderr, "Deleted sandbox %s\n", name)
+	_, _ = fmt.Fprintf(a.stderr, "Deleted sandbox %s\n", name)
 	return context.Canceled
 }
 
@@ -323,11 +323,11 @@ func (a *app) newSandboxListCmd() *cobra.Command {
 				return a.printProto(&openshellv1.ListSandboxesResponse{Sandboxes: sbs})
 			case names:
 				for _, sb := range sbs {
-					fmt.Fprintln(a.stdout, sb.GetMetadata().GetName())
+					_, _ = fmt.Fprintln(a.stdout, sb.GetMetadata().GetName())
 				}
 				return nil
 			case len(sbs) == 0:
-				fmt.Fprintf(a.stderr, "No sandboxes in workspace %q\n", a.wsDisplay())
+				_, _ = fmt.Fprintf(a.stderr, "No sandboxes in workspace %q\n", a.wsDisplay())
 				return nil
 			}
 			return a.printSandboxTable(sbs, all)
@@ -375,7 +375,7 @@ func (a *app) newSandboxDeleteCmd() *cobra.Command {
 					errs = append(errs, a.rpcError(err, sandboxWhat(name)))
 					continue
 				}
-				fmt.Fprintf(a.stdout, "Deleted sandbox %s\n", name)
+				_, _ = fmt.Fprintf(a.stdout, "Deleted sandbox %s\n", name)
 			}
 			return errors.Join(errs...)
 		},
@@ -409,7 +409,7 @@ func (a *app) newSandboxStopStartCmd(verb string) *cobra.Command {
 			if a.structured() {
 				return a.printProto(resp.GetSandbox())
 			}
-			fmt.Fprintf(a.stdout, "Sandbox %s: %s\n", name, phaseName(resp.GetSandbox().GetStatus().GetPhase()))
+			_, _ = fmt.Fprintf(a.stdout, "Sandbox %s: %s\n", name, phaseName(resp.GetSandbox().GetStatus().GetPhase()))
 			return nil
 		},
 	}

@@ -65,7 +65,7 @@ func (a *app) connect(ctx context.Context, sb *openshellv1.Sandbox) error {
 	if err != nil {
 		return a.rpcError(err, sandboxWhat(name))
 	}
-	defer t.Close()
+	defer func() { _ = t.Close() }()
 	cfg := &ssh.ClientConfig{
 		User: sshUser,
 		// The relay is authenticated and authorized by the gateway (session
@@ -82,12 +82,12 @@ func (a *app) connect(ctx context.Context, sb *openshellv1.Sandbox) error {
 		return a.relayError(err, name)
 	}
 	client := ssh.NewClient(conn, chans, reqs)
-	defer client.Close()
+	defer func() { _ = client.Close() }()
 	s, err := client.NewSession()
 	if err != nil {
 		return fmt.Errorf("sandbox %q: open ssh session: %w", name, err)
 	}
-	defer s.Close()
+	defer func() { _ = s.Close() }()
 
 	w, h := 80, 24
 	stdinFile, stdinIsFile := a.stdin.(*os.File)
@@ -128,7 +128,7 @@ func (a *app) connect(ctx context.Context, sb *openshellv1.Sandbox) error {
 	case err = <-done:
 	case <-ctx.Done():
 		_ = client.Close()
-		<-done
+		<-done //nolint:errcheck // joined only; interrupted, so the session's error is moot
 		return context.Canceled
 	}
 	var ee *ssh.ExitError
@@ -151,7 +151,7 @@ func isMissingExit(err error) bool {
 // relayError explains a failure on the relay: a gRPC status from the
 // gateway if one is there, otherwise the SSH handshake error.
 func (a *app) relayError(err error, name string) error {
-	if st := a.rpcError(err, sandboxWhat(name)); st != err {
+	if st := a.rpcError(err, sandboxWhat(name)); st != err { //nolint:errorlint // identity check: did rpcError rewrite err?
 		return st
 	}
 	return &userError{msg: fmt.Sprintf("sandbox %q: ssh handshake over the gateway relay failed: %v (is the sandbox ready? see 'openshell sandbox get %s')", name, err, name), cause: err}
@@ -270,12 +270,12 @@ directory, never on the command line.`,
 				proxy = append(proxy, "--gateway-insecure")
 			}
 			proxy = append(proxy, "ssh-proxy", "--sandbox-id", shellQuote(id), "--token-file", shellQuote(tokenFile))
-			fmt.Fprintf(a.stdout, "Host openshell-%s\n", name)
-			fmt.Fprintf(a.stdout, "    User %s\n", sshUser)
-			fmt.Fprintf(a.stdout, "    StrictHostKeyChecking no\n")
-			fmt.Fprintf(a.stdout, "    UserKnownHostsFile /dev/null\n")
-			fmt.Fprintf(a.stdout, "    LogLevel ERROR\n")
-			fmt.Fprintf(a.stdout, "    ProxyCommand %s\n", strings.Join(proxy, " "))
+			_, _ = fmt.Fprintf(a.stdout, "Host openshell-%s\n", name)
+			_, _ = fmt.Fprintf(a.stdout, "    User %s\n", sshUser)
+			_, _ = fmt.Fprintf(a.stdout, "    StrictHostKeyChecking no\n")
+			_, _ = fmt.Fprintf(a.stdout, "    UserKnownHostsFile /dev/null\n")
+			_, _ = fmt.Fprintf(a.stdout, "    LogLevel ERROR\n")
+			_, _ = fmt.Fprintf(a.stdout, "    ProxyCommand %s\n", strings.Join(proxy, " "))
 			return nil
 		},
 	}

@@ -65,18 +65,18 @@ func (a *app) newStatusCmd() *cobra.Command {
 				return a.printPlain(view)
 			}
 			tw := newTable(a.stdout)
-			fmt.Fprintf(tw, "Gateway:\t%s\n", orDash(a.target.Name))
-			fmt.Fprintf(tw, "Endpoint:\t%s\n", a.target.Endpoint)
+			_, _ = fmt.Fprintf(tw, "Gateway:\t%s\n", orDash(a.target.Name))
+			_, _ = fmt.Fprintf(tw, "Endpoint:\t%s\n", a.target.Endpoint)
 			state := "Connected"
 			if h.GetStatus() != openshellv1.ServiceStatus_SERVICE_STATUS_HEALTHY {
 				state = "Connected (" + healthName(h.GetStatus()) + ")"
 			}
-			fmt.Fprintf(tw, "Status:\t%s\n", state)
-			fmt.Fprintf(tw, "Version:\t%s\n", orDash(fmt.Sprint(view["version"])))
+			_, _ = fmt.Fprintf(tw, "Status:\t%s\n", state)
+			_, _ = fmt.Fprintf(tw, "Version:\t%s\n", orDash(fmt.Sprint(view["version"])))
 			if len(drivers) > 0 {
-				fmt.Fprintf(tw, "Driver:\t%s\n", strings.Join(drivers, ", "))
+				_, _ = fmt.Fprintf(tw, "Driver:\t%s\n", strings.Join(drivers, ", "))
 			}
-			fmt.Fprintf(tw, "Auth:\t%s\n", auth)
+			_, _ = fmt.Fprintf(tw, "Auth:\t%s\n", auth)
 			return tw.Flush()
 		},
 	}
@@ -100,14 +100,14 @@ func (a *app) newWhoamiCmd() *cobra.Command {
 				return a.printProto(u)
 			}
 			tw := newTable(a.stdout)
-			fmt.Fprintf(tw, "Subject:\t%s\n", u.GetSubject())
+			_, _ = fmt.Fprintf(tw, "Subject:\t%s\n", u.GetSubject())
 			if u.GetDisplayName() != "" {
-				fmt.Fprintf(tw, "Name:\t%s\n", u.GetDisplayName())
+				_, _ = fmt.Fprintf(tw, "Name:\t%s\n", u.GetDisplayName())
 			}
-			fmt.Fprintf(tw, "Provider:\t%s\n", orDash(u.GetIdentityProvider()))
-			fmt.Fprintf(tw, "Roles:\t%s\n", orDash(strings.Join(u.GetRoles(), ", ")))
+			_, _ = fmt.Fprintf(tw, "Provider:\t%s\n", orDash(u.GetIdentityProvider()))
+			_, _ = fmt.Fprintf(tw, "Roles:\t%s\n", orDash(strings.Join(u.GetRoles(), ", ")))
 			if len(u.GetScopes()) > 0 {
-				fmt.Fprintf(tw, "Scopes:\t%s\n", strings.Join(u.GetScopes(), ", "))
+				_, _ = fmt.Fprintf(tw, "Scopes:\t%s\n", strings.Join(u.GetScopes(), ", "))
 			}
 			return tw.Flush()
 		},
@@ -140,13 +140,13 @@ func (a *app) newVersionCmd() *cobra.Command {
 					return perr
 				}
 			} else {
-				fmt.Fprintf(a.stdout, "Client:  %s\n", version.Version)
+				_, _ = fmt.Fprintf(a.stdout, "Client:  %s\n", version.Version)
 				if gw != "" {
-					fmt.Fprintf(a.stdout, "Gateway: %s\n", gw)
+					_, _ = fmt.Fprintf(a.stdout, "Gateway: %s\n", gw)
 				}
 			}
 			if err != nil {
-				fmt.Fprintf(a.stderr, "gateway version unavailable: %v\n", err)
+				_, _ = fmt.Fprintf(a.stderr, "gateway version unavailable: %v\n", err)
 			}
 			return nil
 		},

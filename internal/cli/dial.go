@@ -177,7 +177,7 @@ func (a *app) gateway() (openshellv1.OpenShellClient, error) {
 		return nil, err
 	}
 	if a.verbose {
-		fmt.Fprintf(a.stderr, "using %s (%s)\n", t.describe(), t.Source)
+		_, _ = fmt.Fprintf(a.stderr, "using %s (%s)\n", t.describe(), t.Source)
 	}
 	conn, err := grpc.NewClient(target,
 		grpc.WithTransportCredentials(creds),

@@ -119,16 +119,16 @@ func sandboxImage(sb *openshellv1.Sandbox) string {
 func (a *app) printSandboxTable(sbs []*openshellv1.Sandbox, withWorkspace bool) error {
 	tw := newTable(a.stdout)
 	if withWorkspace {
-		fmt.Fprintln(tw, "WORKSPACE\tNAME\tPHASE\tIMAGE\tAGE")
+		_, _ = fmt.Fprintln(tw, "WORKSPACE\tNAME\tPHASE\tIMAGE\tAGE")
 	} else {
-		fmt.Fprintln(tw, "NAME\tPHASE\tIMAGE\tAGE")
+		_, _ = fmt.Fprintln(tw, "NAME\tPHASE\tIMAGE\tAGE")
 	}
 	for _, sb := range sbs {
 		row := []string{sb.GetMetadata().GetName(), phaseName(sb.GetStatus().GetPhase()), orDash(sandboxImage(sb)), a.age(sb.GetMetadata().GetCreatedAtMs())}
 		if withWorkspace {
 			row = append([]string{orDash(sb.GetMetadata().GetWorkspace())}, row...)
 		}
-		fmt.Fprintln(tw, strings.Join(row, "\t"))
+		_, _ = fmt.Fprintln(tw, strings.Join(row, "\t"))
 	}
 	return tw.Flush()
 }
@@ -137,7 +137,7 @@ func (a *app) printSandboxTable(sbs []*openshellv1.Sandbox, withWorkspace bool) 
 func (a *app) printSandboxDetail(sb *openshellv1.Sandbox) error {
 	md, spec, st := sb.GetMetadata(), sb.GetSpec(), sb.GetStatus()
 	tw := newTable(a.stdout)
-	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
+	row := func(k, v string) { _, _ = fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
 	row("Name", md.GetName())
 	row("ID", md.GetId())
 	row("Workspace", orDash(md.GetWorkspace()))
@@ -159,11 +159,11 @@ func (a *app) printSandboxDetail(sb *openshellv1.Sandbox) error {
 		return err
 	}
 	if conds := st.GetConditions(); len(conds) > 0 {
-		fmt.Fprintln(a.stdout, "Conditions:")
+		_, _ = fmt.Fprintln(a.stdout, "Conditions:")
 		ct := newTable(a.stdout)
-		fmt.Fprintln(ct, "  TYPE\tSTATUS\tREASON\tMESSAGE")
+		_, _ = fmt.Fprintln(ct, "  TYPE\tSTATUS\tREASON\tMESSAGE")
 		for _, c := range conds {
-			fmt.Fprintf(ct, "  %s\t%s\t%s\t%s\n", c.GetType(), c.GetStatus(), orDash(c.GetReason()), c.GetMessage())
+			_, _ = fmt.Fprintf(ct, "  %s\t%s\t%s\t%s\n", c.GetType(), c.GetStatus(), orDash(c.GetReason()), c.GetMessage())
 		}
 		return ct.Flush()
 	}

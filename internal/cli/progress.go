@@ -53,7 +53,7 @@ func (p *progress) redrawLocked(frame string) {
 	if phase == "" {
 		phase = "Waiting"
 	}
-	fmt.Fprintf(p.w, "\r\033[K%s %s sandbox %s (%ds)", frame, phase, p.name, int(time.Since(p.start).Seconds()))
+	_, _ = fmt.Fprintf(p.w, "\r\033[K%s %s sandbox %s (%ds)", frame, phase, p.name, int(time.Since(p.start).Seconds()))
 }
 
 // setPhase records a phase change.
@@ -65,7 +65,7 @@ func (p *progress) setPhase(phase string) {
 	}
 	p.phase = phase
 	if !p.tty {
-		fmt.Fprintf(p.w, "sandbox %s: %s\n", p.name, phase)
+		_, _ = fmt.Fprintf(p.w, "sandbox %s: %s\n", p.name, phase)
 	}
 }
 
@@ -74,9 +74,9 @@ func (p *progress) line(format string, args ...any) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.tty {
-		fmt.Fprint(p.w, "\r\033[K")
+		_, _ = fmt.Fprint(p.w, "\r\033[K")
 	}
-	fmt.Fprintf(p.w, format+"\n", args...)
+	_, _ = fmt.Fprintf(p.w, format+"\n", args...)
 	if p.tty {
 		p.redrawLocked(spinnerFrames[0])
 	}
@@ -93,7 +93,7 @@ func (p *progress) stop() {
 	p.wg.Wait()
 	if p.tty {
 		p.mu.Lock()
-		fmt.Fprint(p.w, "\r\033[K")
+		_, _ = fmt.Fprint(p.w, "\r\033[K")
 		p.mu.Unlock()
 	}
 }

@@ -47,7 +47,8 @@ func (p *ptyShell) serve(t testing.TB) func(net.Conn) {
 		}
 		defer sc.Close()
 		go ssh.DiscardRequests(reqs)
-		for nc := range chans {
+		// Serve the first channel only.
+		if nc, ok := <-chans; ok {
 			ch, creqs, err := nc.Accept()
 			if err != nil {
 				return
@@ -96,7 +97,6 @@ func (p *ptyShell) serve(t testing.TB) func(net.Conn) {
 				}
 			}
 			wg.Wait()
-			return
 		}
 	}
 }

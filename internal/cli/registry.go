@@ -72,7 +72,7 @@ func newRegistryFromEnv(lookup func(string) (string, bool), warn io.Writer) *reg
 	sys := DefaultSystemGatewayDir
 	if v, ok := lookup("OPENSHELL_SYSTEM_GATEWAY_DIR"); ok {
 		if v == "" || !filepath.IsAbs(v) {
-			fmt.Fprintf(warn, "warning: ignoring OPENSHELL_SYSTEM_GATEWAY_DIR=%q: it must be a non-empty absolute path; using %s\n", v, DefaultSystemGatewayDir)
+			_, _ = fmt.Fprintf(warn, "warning: ignoring OPENSHELL_SYSTEM_GATEWAY_DIR=%q: it must be a non-empty absolute path; using %s\n", v, DefaultSystemGatewayDir)
 		} else {
 			sys = filepath.Clean(v)
 		}
@@ -148,7 +148,7 @@ func (r *registry) load(root, name string, system bool) (gatewayEntry, error) {
 	}
 	var m gatewayMeta
 	if err := json.Unmarshal(b, &m); err != nil {
-		return gatewayEntry{}, fmt.Errorf("gateway %q: corrupt %s: %v", name, filepath.Join(dir, "metadata.json"), err)
+		return gatewayEntry{}, fmt.Errorf("gateway %q: corrupt %s: %w", name, filepath.Join(dir, "metadata.json"), err)
 	}
 	m.Name = name
 	return gatewayEntry{gatewayMeta: m, Dir: dir, System: system}, nil
@@ -277,7 +277,7 @@ func (r *registry) Add(o addOptions, now time.Time) (gatewayEntry, error) {
 	if err != nil {
 		return gatewayEntry{}, err
 	}
-	defer os.RemoveAll(tmp) // no-op after the rename
+	defer func() { _ = os.RemoveAll(tmp) }() // no-op after the rename
 	if err := os.Chmod(tmp, 0o700); err != nil {
 		return gatewayEntry{}, err
 	}
@@ -339,7 +339,7 @@ func writeFileAtomic(path string, b []byte, perm os.FileMode) error {
 		return err
 	}
 	tmp := f.Name()
-	defer os.Remove(tmp)
+	defer func() { _ = os.Remove(tmp) }() // fails harmlessly after the rename
 	if err := f.Chmod(perm); err != nil {
 		f.Close()
 		return err

@@ -171,7 +171,7 @@ func bridge(local io.ReadWriteCloser, t *tunnel) error {
 	})
 	wg.Wait()
 	_ = local.Close()
-	t.Close()
+	_ = t.Close()
 	if downErr != nil && !errors.Is(downErr, io.EOF) {
 		return downErr
 	}
