@@ -197,6 +197,7 @@ func TestFileErrors(t *testing.T) {
 		toml  string
 		wants []string
 	}{
+		//nolint:misspell // "adress" is the deliberate typo of the unknown key under test
 		{
 			name:  "unknown key",
 			toml:  "[openshell]\nversion = 1\n[openshell.gateway]\nlog_level = \"info\"\nbind_adress = \"0.0.0.0:1\"\n",

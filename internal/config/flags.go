@@ -188,8 +188,8 @@ func parseFlags(args []string, output io.Writer) (map[string][]string, error) {
 // Usage writes the gateway's --help text: every flag with its environment
 // variable and default.
 func Usage(w io.Writer) {
-	fmt.Fprintf(w, "Usage: openshell-gateway [flags]\n       openshell-gateway generate-certs --output-dir DIR [--server-san NAME]... [--dry-run]\n\n")
-	fmt.Fprintf(w, "Precedence: flag > OPENSHELL_* environment > TOML config file > default.\n\nFlags:\n")
+	_, _ = fmt.Fprintf(w, "Usage: openshell-gateway [flags]\n       openshell-gateway generate-certs --output-dir DIR [--server-san NAME]... [--dry-run]\n\n")
+	_, _ = fmt.Fprintf(w, "Precedence: flag > OPENSHELL_* environment > TOML config file > default.\n\nFlags:\n")
 	for _, sp := range specs {
 		name := "--" + sp.name
 		if sp.alias != "" {
@@ -203,7 +203,7 @@ func Usage(w io.Writer) {
 		case kList:
 			name += " LIST"
 		}
-		fmt.Fprintf(w, "  %s\n      %s", name, sp.usage)
+		_, _ = fmt.Fprintf(w, "  %s\n      %s", name, sp.usage)
 		var extra []string
 		if sp.env != "" {
 			extra = append(extra, "env "+sp.env)
@@ -212,9 +212,9 @@ func Usage(w io.Writer) {
 			extra = append(extra, "default "+sp.def)
 		}
 		if len(extra) > 0 {
-			fmt.Fprintf(w, " [%s]", strings.Join(extra, ", "))
+			_, _ = fmt.Fprintf(w, " [%s]", strings.Join(extra, ", "))
 		}
-		fmt.Fprintln(w)
+		_, _ = fmt.Fprintln(w)
 	}
-	fmt.Fprintf(w, "\nSee docs/configuration.md for the TOML file schema.\n")
+	_, _ = fmt.Fprintf(w, "\nSee docs/configuration.md for the TOML file schema.\n")
 }

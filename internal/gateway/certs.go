@@ -49,10 +49,10 @@ func RunGenerateCerts(ctx context.Context, args []string, stdout, stderr io.Writ
 	jwtOnly := fs.Bool("jwt-only", false, "Kubernetes Secrets mode: manage only the JWT Secret (TLS comes from elsewhere)")
 	kubeconfig := fs.String("kubeconfig", "", "Kubernetes Secrets mode: kubeconfig file (default: in-cluster configuration)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: openshell-gateway generate-certs --output-dir DIR [--server-san NAME]... [--dry-run]\n")
-		fmt.Fprintf(stderr, "       openshell-gateway generate-certs [--namespace NS] --server-secret-name S --client-secret-name C --jwt-secret-name J [--server-san NAME]... [--kubeconfig FILE] [--dry-run]\n")
-		fmt.Fprintf(stderr, "       openshell-gateway generate-certs [--namespace NS] --jwt-only --jwt-secret-name J [--kubeconfig FILE] [--dry-run]\n\n")
-		fmt.Fprintf(stderr, "Writes %s under DIR,\nor Secrets (server, client: tls.crt, tls.key, ca.crt; jwt: signing.pem, public.pem, kid).\nDefault server names: %s.\n\nFlags:\n",
+		_, _ = fmt.Fprintf(stderr, "Usage: openshell-gateway generate-certs --output-dir DIR [--server-san NAME]... [--dry-run]\n")
+		_, _ = fmt.Fprintf(stderr, "       openshell-gateway generate-certs [--namespace NS] --server-secret-name S --client-secret-name C --jwt-secret-name J [--server-san NAME]... [--kubeconfig FILE] [--dry-run]\n")
+		_, _ = fmt.Fprintf(stderr, "       openshell-gateway generate-certs [--namespace NS] --jwt-only --jwt-secret-name J [--kubeconfig FILE] [--dry-run]\n\n")
+		_, _ = fmt.Fprintf(stderr, "Writes %s under DIR,\nor Secrets (server, client: tls.crt, tls.key, ca.crt; jwt: signing.pem, public.pem, kid).\nDefault server names: %s.\n\nFlags:\n",
 			strings.Join(pki.DirFiles, ", "), strings.Join(pki.DefaultServerSANs, ", "))
 		fs.PrintDefaults()
 	}
@@ -112,21 +112,21 @@ func RunGenerateCerts(ctx context.Context, args []string, stdout, stderr io.Writ
 	}
 	switch rep.Outcome {
 	case pki.Skipped:
-		fmt.Fprintf(stdout, "PKI in %s is complete; skipped generation (nothing was changed)\n", sink)
+		_, _ = fmt.Fprintf(stdout, "PKI in %s is complete; skipped generation (nothing was changed)\n", sink)
 	case pki.WouldGenerate:
-		fmt.Fprintf(stdout, "dry run: would write to %s:\n", sink)
+		_, _ = fmt.Fprintf(stdout, "dry run: would write to %s:\n", sink)
 		for _, it := range rep.Items {
-			fmt.Fprintf(stdout, "  %s\n", it)
+			_, _ = fmt.Fprintf(stdout, "  %s\n", it)
 		}
 		if !*jwtOnly {
-			fmt.Fprintf(stdout, "server names: %s\n", strings.Join(append(append([]string(nil), pki.DefaultServerSANs...), sans...), ", "))
+			_, _ = fmt.Fprintf(stdout, "server names: %s\n", strings.Join(append(append([]string(nil), pki.DefaultServerSANs...), sans...), ", "))
 		}
 	case pki.Generated:
-		fmt.Fprintf(stdout, "generated PKI in %s:\n", sink)
+		_, _ = fmt.Fprintf(stdout, "generated PKI in %s:\n", sink)
 		for _, it := range rep.Items {
-			fmt.Fprintf(stdout, "  %s\n", it)
+			_, _ = fmt.Fprintf(stdout, "  %s\n", it)
 		}
-		fmt.Fprintf(stdout, "sandbox JWT kid: %s\n", rep.KID)
+		_, _ = fmt.Fprintf(stdout, "sandbox JWT kid: %s\n", rep.KID)
 	}
 	return nil
 }

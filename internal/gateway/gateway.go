@@ -55,7 +55,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if cfg.ShowVersion {
-		fmt.Fprintf(stdout, "openshell-gateway %s\n", version.Version)
+		_, _ = fmt.Fprintf(stdout, "openshell-gateway %s\n", version.Version)
 		return nil
 	}
 	logger := newLogger(stderr, cfg.LogLevel)
@@ -107,7 +107,7 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
-	cleanups = append(cleanups, func() { st.Close() })
+	cleanups = append(cleanups, func() { _ = st.Close() }) // best effort on the way out
 	if err := ensureDefaultWorkspace(ctx, st); err != nil {
 		return err
 	}
@@ -144,7 +144,7 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	if err := os.Chmod(cbPath, 0o600); err != nil {
 		return err
 	}
-	cleanups = append(cleanups, func() { cbLn.Close(); os.Remove(cbPath) })
+	cleanups = append(cleanups, func() { cbLn.Close(); _ = os.Remove(cbPath) }) // best effort on the way out
 
 	driverName, driver, err := selectDriver(ctx, cfg, logger, "unix://"+cbPath)
 	if err != nil {
@@ -286,7 +286,7 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	// Shutdown in reverse start order: API drained (Serve returned),
 	// then the engine, then the sandboxes the gateway manages.
 	stopEngine()
-	<-engineDone
+	<-engineDone //nolint:errcheck // joined only: Run returns nil once its context ends
 	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	engine.StopManaged(stopCtx)
@@ -426,7 +426,7 @@ func ensureDefaultWorkspace(ctx context.Context, st store.Store) error {
 // any in-tree driver served over openshell.compute.v1 on a Unix socket.
 func runDriver(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] != "serve" {
-		fmt.Fprintln(stderr, "usage: openshell-gateway driver serve --driver NAME --socket PATH [--state-dir DIR] [--gateway-endpoint URL] [--config FILE]")
+		_, _ = fmt.Fprintln(stderr, "usage: openshell-gateway driver serve --driver NAME --socket PATH [--state-dir DIR] [--gateway-endpoint URL] [--config FILE]")
 		return &usageError{"unknown driver subcommand"}
 	}
 	fs := flag.NewFlagSet("openshell-gateway driver serve", flag.ContinueOnError)
@@ -466,6 +466,6 @@ func runDriver(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if c, ok := d.(io.Closer); ok {
 		defer c.Close()
 	}
-	fmt.Fprintf(stdout, "serving compute driver %s on %s\n", *name, *socket)
+	_, _ = fmt.Fprintf(stdout, "serving compute driver %s on %s\n", *name, *socket)
 	return remote.Serve(ctx, d, *socket, logger)
 }

@@ -64,7 +64,7 @@ func BinDir(t testing.TB) string {
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+			buildErr = fmt.Errorf("go build: %w\n%s", err, out)
 			return
 		}
 		builtDir = dir
@@ -146,7 +146,7 @@ func TempDir(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	return dir
 }
 
@@ -171,7 +171,7 @@ func HelperBinary(t testing.TB) string {
 		cmd.Dir = filepath.Dir(file)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			helperErr = fmt.Errorf("build sbhelper: %v\n%s", err, out)
+			helperErr = fmt.Errorf("build sbhelper: %w\n%s", err, out)
 			return
 		}
 		helperPath = filepath.Join(dir, "sbhelper")
@@ -224,7 +224,7 @@ func Start(t testing.TB, o Options) *Gateway {
 		t.Fatal(err)
 	}
 	g.cmd = cmd
-	go func() { cmd.Wait(); close(g.done) }()
+	go func() { _ = cmd.Wait(); close(g.done) }() // exit status is not asserted; done signals the exit
 	t.Cleanup(func() {
 		g.Stop()
 		if t.Failed() {

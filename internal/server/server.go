@@ -95,7 +95,7 @@ type Server struct {
 	health   *health.Server
 	mux      *http.ServeMux
 	http1    *http.Server
-	h2       *http2.Server
+	h2       *http2.Server //nolint:staticcheck // SA1019: per-connection ServeConn on sniffed conns has no net/http equivalent
 	aux      []*http.Server
 	draining atomic.Bool
 
@@ -203,7 +203,7 @@ func New(opts Options) (*Server, error) {
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("GET /.well-known/jwks.json", s.handleJWKS)
 	s.http1 = &http.Server{Handler: s.mux, ReadHeaderTimeout: opts.SniffTimeout, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
-	s.h2 = &http2.Server{ReadIdleTimeout: opts.KeepaliveInterval, PingTimeout: opts.KeepaliveTimeout}
+	s.h2 = &http2.Server{ReadIdleTimeout: opts.KeepaliveInterval, PingTimeout: opts.KeepaliveTimeout} //nolint:staticcheck // SA1019: see Server.h2
 	return s, nil
 }
 
@@ -348,7 +348,7 @@ func (s *Server) handleConn(ctx context.Context, raw net.Conn) {
 		}
 		s.h2conns[c] = struct{}{}
 		s.mu.Unlock()
-		s.h2.ServeConn(c, &http2.ServeConnOpts{Context: ctx, Handler: s.mux, BaseConfig: s.http1})
+		s.h2.ServeConn(c, &http2.ServeConnOpts{Context: ctx, Handler: s.mux, BaseConfig: s.http1}) //nolint:staticcheck // SA1019: serves one already-classified (h2c or TLS) conn; net/http has no per-conn API
 		s.mu.Lock()
 		delete(s.h2conns, c)
 		s.mu.Unlock()
