@@ -129,7 +129,7 @@ func (e *Engine) Run(ctx context.Context) error {
 			err = wait()
 		}
 		if ctx.Err() != nil {
-			return nil
+			return nil //nolint:nilerr // shutdown: the watch ended because ctx did
 		}
 		e.log.Warn("driver watch ended; retrying", "err", err, "backoff", backoff)
 		select {

@@ -237,7 +237,7 @@ func ValidateLabelKey(key string) error {
 	}
 	prefix, name, hasPrefix := strings.Cut(key, "/")
 	if !hasPrefix {
-		name, prefix = prefix, ""
+		name = prefix
 	} else if prefix == "" || len(prefix) > 253 || !isDNS1123Subdomain(prefix) {
 		return invalid("label key %q has an invalid prefix (must be a DNS subdomain of at most 253 characters)", key)
 	}

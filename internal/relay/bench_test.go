@@ -27,7 +27,7 @@ type echoServer struct {
 func (echoServer) ConnectSupervisor(s openshellv1.OpenShell_ConnectSupervisorServer) error {
 	for {
 		if _, err := s.Recv(); err != nil {
-			return nil
+			return nil //nolint:nilerr // the client ending the stream ends the echo
 		}
 		if err := s.Send(&openshellv1.GatewayMessage{Payload: &openshellv1.GatewayMessage_Heartbeat{Heartbeat: &openshellv1.GatewayHeartbeat{}}}); err != nil {
 			return err

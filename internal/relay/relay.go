@@ -181,7 +181,7 @@ func (r *Registry) Close() {
 		s.end()
 	}
 	for _, c := range r.active {
-		c.Close()
+		_ = c.Close() // Conn.Close never fails
 	}
 	for id, p := range r.pending {
 		r.resolveLocked(id, p, nil, errdefs.Unavailable("gateway is shutting down"))
@@ -463,7 +463,7 @@ func (r *Registry) handleSupervisorMessage(s *session, m *openshellv1.Supervisor
 		c := r.active[rc.GetChannelId()]
 		r.mu.Unlock()
 		if c != nil && c.sandboxID == s.sandboxID {
-			c.Close()
+			_ = c.Close() // Conn.Close never fails
 		}
 	case *openshellv1.SupervisorMessage_Hello:
 		return errdefs.InvalidArgument("duplicate SupervisorHello")
@@ -639,7 +639,7 @@ func (r *Registry) OpenRelay(ctx context.Context, sandboxID string, target Relay
 		r.mu.Unlock()
 		<-p.done // claimed concurrently
 		if p.conn != nil && ctx.Err() != nil {
-			p.conn.Close()
+			_ = p.conn.Close() // Conn.Close never fails
 			return nil, ctx.Err()
 		}
 	}

@@ -244,7 +244,7 @@ func TestRelayRoundTripAndPresence(t *testing.T) {
 	}
 	// Supervisor half-close: gateway reads EOF, can still write.
 	rs.CloseSend()
-	if n, err := conn.Read(make([]byte, 1)); err != io.EOF {
+	if n, err := conn.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		t.Fatalf("Read after CloseSend = %d, %v; want EOF", n, err)
 	}
 	if _, err := conn.Write([]byte("late")); err != nil {
@@ -254,7 +254,7 @@ func TestRelayRoundTripAndPresence(t *testing.T) {
 		t.Fatalf("Recv = %v, %v", f, err)
 	}
 	conn.Close()
-	if _, err := rs.Recv(); err != io.EOF {
+	if _, err := rs.Recv(); !errors.Is(err, io.EOF) {
 		t.Fatalf("Recv after gateway Close = %v, want EOF", err)
 	}
 

@@ -139,14 +139,14 @@ func (s *Service) ExecSandboxInteractive(stream openshellv1.OpenShell_ExecSandbo
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 
 	stdinR, stdinW := io.Pipe()
 	resize := make(chan sshexec.WindowSize, 4)
 	// The receive loop ends when the client half-closes or, at the latest,
 	// when the call ends and Recv fails.
 	go func() {
-		defer stdinW.Close()
+		defer func() { _ = stdinW.Close() }() // PipeWriter.Close never fails
 		for {
 			in, err := stream.Recv()
 			if err != nil {
@@ -174,7 +174,7 @@ func (s *Service) ExecSandboxInteractive(stream openshellv1.OpenShell_ExecSandbo
 		Timeout: time.Duration(req.GetTimeoutSeconds()) * time.Second,
 		Stdout:  eventWriter{send: stream.Send}, Stderr: eventWriter{send: stream.Send, stderr: true},
 	})
-	stdinR.Close()
+	_ = stdinR.Close() // PipeReader.Close never fails
 	if err == nil {
 		err = stream.Send(exitEvent(code))
 	}

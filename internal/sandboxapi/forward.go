@@ -187,7 +187,7 @@ func (s *Service) ForwardTcp(stream openshellv1.OpenShell_ForwardTcpServer) erro
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	return bridgeForward(stream, conn)
 }
 

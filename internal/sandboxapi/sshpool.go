@@ -44,7 +44,7 @@ func (p *sshPool) get(ctx context.Context, sandboxID string) (*ssh.Client, error
 	p.mu.Lock()
 	if existing := p.clients[sandboxID]; existing != nil {
 		p.mu.Unlock()
-		c.Close() // lost a race with a concurrent first exec
+		_ = c.Close() // lost a race with a concurrent first exec
 		return existing, nil
 	}
 	p.clients[sandboxID] = c
@@ -63,7 +63,7 @@ func (p *sshPool) drop(sandboxID string, c *ssh.Client) {
 		delete(p.clients, sandboxID)
 	}
 	p.mu.Unlock()
-	c.Close()
+	_ = c.Close() // best effort: the connection is being discarded
 }
 
 // dropSandbox closes the pooled connection of a sandbox, if any.
@@ -73,7 +73,7 @@ func (p *sshPool) dropSandbox(sandboxID string) {
 	delete(p.clients, sandboxID)
 	p.mu.Unlock()
 	if c != nil {
-		c.Close()
+		_ = c.Close() // best effort: the connection is being discarded
 	}
 }
 
@@ -101,7 +101,7 @@ func (p *sshPool) close() {
 	p.clients = map[string]*ssh.Client{}
 	p.mu.Unlock()
 	for _, c := range clients {
-		c.Close()
+		_ = c.Close() // best effort on shutdown
 	}
 	p.wg.Wait()
 }

@@ -155,7 +155,7 @@ func Exec(ctx context.Context, conn net.Conn, req Request) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	defer client.Close()
+	defer func() { _ = client.Close() }()
 	return Run(ctx, client, req)
 }
 
@@ -201,9 +201,9 @@ func Run(ctx context.Context, client *ssh.Client, req Request) (int, error) {
 	}
 	sess, err := client.NewSession()
 	if err != nil {
-		return -1, fmt.Errorf("%w: %v: %w", ErrSession, err, errdefs.ErrUnavailable)
+		return -1, fmt.Errorf("%w: %v: %w", ErrSession, err, errdefs.ErrUnavailable) //nolint:errorlint // classified by ErrSession and ErrUnavailable only; the ssh error is detail
 	}
-	defer sess.Close()
+	defer func() { _ = sess.Close() }()
 
 	if len(req.Command) == 0 {
 		keys := make([]string, 0, len(req.Env))
@@ -283,19 +283,19 @@ func Run(ctx context.Context, client *ssh.Client, req Request) (int, error) {
 					return -1, fmt.Errorf("window change: %w", err)
 				}
 			case <-timeout:
-				sess.Signal(ssh.SIGKILL) //nolint:errcheck // closing the session below ends it anyway
-				sess.Close()
-				<-waitErr
+				_ = sess.Signal(ssh.SIGKILL) // closing the session below ends it anyway
+				_ = sess.Close()
+				<-waitErr //nolint:errcheck // joined only: the timeout decides the result
 				return TimeoutExitCode, nil
 			case <-ctx.Done():
-				sess.Signal(ssh.SIGKILL) //nolint:errcheck
-				sess.Close()
-				<-waitErr
+				_ = sess.Signal(ssh.SIGKILL) // closing the session below ends it anyway
+				_ = sess.Close()
+				<-waitErr //nolint:errcheck // joined only: cancellation decides the result
 				return -1, ctx.Err()
 			}
 		}
 	}()
-	sess.Close()
+	_ = sess.Close() // the command has finished; its result is already known
 	if stdinDone != nil {
 		if c, ok := req.Stdin.(io.Closer); ok {
 			c.Close()

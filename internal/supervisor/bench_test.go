@@ -69,7 +69,7 @@ func (rawEcho) RelayStream(s openshellv1.OpenShell_RelayStreamServer) error {
 	for {
 		f, err := s.Recv()
 		if err != nil {
-			return nil
+			return nil //nolint:nilerr // the client ending the stream ends the echo
 		}
 		if err := s.Send(f); err != nil {
 			return err

@@ -41,7 +41,7 @@ func runMainProcess(ctx context.Context, log *slog.Logger, cfg Config, procs *pr
 		sc.Buffer(make([]byte, 64*1024), 1024*1024)
 		for sc.Scan() {
 			line := sc.Text()
-			fmt.Fprintln(echo, line)
+			_, _ = fmt.Fprintln(echo, line)
 			pusher.add(processLine(stream, line))
 		}
 	}

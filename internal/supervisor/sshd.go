@@ -114,7 +114,7 @@ func (s *sshServer) handleConn(c net.Conn) {
 		s.log.Debug("ssh handshake failed", "err", err)
 		return
 	}
-	defer sc.Close()
+	defer func() { _ = sc.Close() }()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { ssh.DiscardRequests(reqs) })
@@ -142,7 +142,7 @@ type ptyReq struct {
 // session serves one "session" channel: env, pty-req, window-change, exec,
 // shell and signal requests.
 func (s *sshServer) session(ch ssh.Channel, reqs <-chan *ssh.Request) {
-	defer ch.Close()
+	defer func() { _ = ch.Close() }()
 	var (
 		env     []string
 		pt      *ptyReq
@@ -253,7 +253,7 @@ func (s *sshServer) session(ch ssh.Channel, reqs <-chan *ssh.Request) {
 				}
 				mu.Unlock()
 				sendExit(ch, p.status)
-				ch.Close()
+				_ = ch.Close() // best effort: the exit status is sent
 				<-p.stdinDone
 			})
 			continue
@@ -393,7 +393,7 @@ func (s *sshServer) directTCPIP(nc ssh.NewChannel) {
 	if err != nil {
 		return
 	}
-	defer ch.Close()
+	defer func() { _ = ch.Close() }()
 	go ssh.DiscardRequests(reqs)
 	pipeBoth(ch, c)
 }

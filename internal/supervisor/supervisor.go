@@ -215,7 +215,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *showVersion {
-		fmt.Fprintf(stdout, "openshell-sandbox %s\n", version.Version)
+		_, _ = fmt.Fprintf(stdout, "openshell-sandbox %s\n", version.Version)
 		return nil
 	}
 	cfg, err := ConfigFromEnv(os.Getenv)
@@ -265,7 +265,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	}
 	if cfg.WorkspaceDir != "" {
 		if fi, err := os.Stat(cfg.WorkspaceDir); err != nil || !fi.IsDir() {
-			return fmt.Errorf("workspace directory %s is not usable (a private /tmp hides paths under /tmp): %v", cfg.WorkspaceDir, err)
+			return fmt.Errorf("workspace directory %s is not usable (a private /tmp hides paths under /tmp): %v", cfg.WorkspaceDir, err) //nolint:errorlint // err is nil when the path is not a directory
 		}
 	}
 	client := openshellv1.NewOpenShellClient(conn)
@@ -311,7 +311,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(dir)
+		defer func() { _ = os.RemoveAll(dir) }() // best-effort cleanup of the private socket dir
 		sockPath = filepath.Join(dir, "ssh.sock")
 	}
 	ln, err := listenUnix(sockPath)

@@ -244,7 +244,8 @@ func TestInteractiveCtrlD(t *testing.T) {
 	// reading a fresh line, where Ctrl-D means end of input.
 	out.waitForFunc(t, "prompt", func(s string) bool {
 		i := strings.LastIndex(s, "READY")
-		return i >= 0 && strings.HasSuffix(strings.TrimRight(s, " \x1b[?2004h"), "P>")
+		// Cutset: spaces and the bytes of the ESC[?2004h mode sequence.
+		return i >= 0 && strings.HasSuffix(strings.TrimRight(s, " \x1b[?204h"), "P>")
 	})
 	stdinW.Write([]byte{4}) // Ctrl-D at an empty prompt ends the login shell
 	select {

@@ -117,7 +117,7 @@ func Open(cfg map[string]any, deps compute.FactoryDeps) (*Driver, error) {
 		return nil, fmt.Errorf("process driver: state directory: %w", err)
 	}
 	if err := d.recover(); err != nil {
-		d.Close()
+		_ = d.Close() // the recover error is the one to report
 		return nil, err
 	}
 	return d, nil
@@ -879,7 +879,7 @@ func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 		return err
 	}
 	tmp := f.Name()
-	defer os.Remove(tmp)
+	defer func() { _ = os.Remove(tmp) }() // fails harmlessly after the rename
 	if err := f.Chmod(perm); err != nil {
 		f.Close()
 		return err

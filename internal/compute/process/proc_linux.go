@@ -53,7 +53,7 @@ func openPid(pid int, startTime uint64) (*pidHandle, error) {
 	}
 	st, err := procStartTime(pid)
 	if err != nil || (startTime != 0 && st != startTime) {
-		unix.Close(fd)
+		_ = unix.Close(fd)
 		if err == nil {
 			err = fmt.Errorf("pid %d was reused (start time %d, recorded %d)", pid, st, startTime)
 		}
@@ -102,7 +102,7 @@ func (h *pidHandle) wait() (exitInfo, error) {
 		}
 	}
 	if err != nil {
-		return exitInfo{}, nil // not our child: status unknown
+		return exitInfo{}, nil //nolint:nilerr // not our child: status unknown, which is not an error
 	}
 	if ws.Signaled() {
 		return exitInfo{known: true, signal: ws.Signal(), code: 128 + int(ws.Signal())}, nil

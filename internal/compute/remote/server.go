@@ -35,7 +35,7 @@ func Serve(ctx context.Context, d compute.Driver, socketPath string, logger *slo
 	if err != nil {
 		return err
 	}
-	defer os.Remove(socketPath)
+	defer func() { _ = os.Remove(socketPath) }() // best effort: the socket may already be gone
 
 	srv := grpc.NewServer(
 		grpc.MaxRecvMsgSize(maxMsgSize),
@@ -66,7 +66,7 @@ func Serve(ctx context.Context, d compute.Driver, socketPath string, logger *slo
 		srv.Stop()
 		<-stopped
 	}
-	<-served
+	<-served //nolint:errcheck // joined only: Serve returns nil after Stop/GracefulStop
 	logger.Info("compute driver server stopped")
 	return nil
 }
@@ -94,7 +94,7 @@ func listenUnix(path string) (net.Listener, error) {
 	lis.(*net.UnixListener).SetUnlinkOnClose(false)
 	if err := os.Chmod(path, 0o600); err != nil {
 		lis.Close()
-		os.Remove(path)
+		_ = os.Remove(path) // best-effort cleanup; the chmod error is reported
 		return nil, fmt.Errorf("chmod socket: %w", err)
 	}
 	return lis, nil
