@@ -192,7 +192,7 @@ func checkFact(c []string) (string, error) {
 			return key, fmt.Errorf("%s.%s: oneof %q, want %q", c[1], c[2], oneof, want)
 		}
 		if err := sameOptions(fd.Options(), col(c, 7)); err != nil {
-			return key, fmt.Errorf("%s.%s: options: %v", c[1], c[2], err)
+			return key, fmt.Errorf("%s.%s: options: %w", c[1], c[2], err)
 		}
 		return key, nil
 	case "reserved":
@@ -258,7 +258,7 @@ func checkFact(c []string) (string, error) {
 			return key, fmt.Errorf("rpc %s: streaming client=%v server=%v, want %s %s", c[2], m.IsStreamingClient(), m.IsStreamingServer(), c[5], c[6])
 		}
 		if err := sameOptions(m.Options(), col(c, 7)); err != nil {
-			return key, fmt.Errorf("rpc %s: options: %v", c[2], err)
+			return key, fmt.Errorf("rpc %s: options: %w", c[2], err)
 		}
 		return key, nil
 	}

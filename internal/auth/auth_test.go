@@ -123,7 +123,7 @@ func TestChain(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := NewChain(tc.opts).Authenticate(t.Context(), tc.req)
 			if tc.wantErr != nil {
-				if !errors.Is(err, tc.wantErr) && err != tc.wantErr {
+				if !errors.Is(err, tc.wantErr) {
 					t.Fatalf("Authenticate() error = %v, want %v", err, tc.wantErr)
 				}
 				return

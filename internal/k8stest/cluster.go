@@ -174,7 +174,7 @@ func Main(m *testing.M) {
 		c.stop()
 	}
 	if dir != "" {
-		os.RemoveAll(dir)
+		_ = os.RemoveAll(dir) // best effort: the test run is over
 	}
 	os.Exit(code)
 }
@@ -523,7 +523,7 @@ func waitHTTP(ctx context.Context, p *proc, client *http.Client, url string, h h
 	defer tick.Stop()
 	for {
 		if done, err := p.exited(); done {
-			return fmt.Errorf("%s exited (%v) before %s was ready:\n%s", p.name, err, url, p.tail(30))
+			return fmt.Errorf("%s exited (%v) before %s was ready:\n%s", p.name, err, url, p.tail(30)) //nolint:errorlint // err is nil on a clean exit
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		for k, v := range h {

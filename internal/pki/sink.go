@@ -156,7 +156,7 @@ func (d Dir) Write(_ context.Context, b *Bundle) (err error) {
 	defer func() {
 		if err != nil {
 			for i := len(created) - 1; i >= 0; i-- {
-				os.Remove(created[i])
+				_ = os.Remove(created[i]) // best-effort rollback; err is reported
 			}
 		}
 	}()

@@ -202,7 +202,7 @@ func (s *Secrets) Write(ctx context.Context, b *pki.Bundle) (err error) {
 			uid := c.UID
 			derr := api.Delete(rctx, c.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 			if derr != nil && !apierrors.IsNotFound(derr) {
-				err = fmt.Errorf("%w (rollback: delete secret %s/%s: %v; delete it by hand)", err, s.Namespace, c.Name, derr)
+				err = fmt.Errorf("%w (rollback: delete secret %s/%s: %v; delete it by hand)", err, s.Namespace, c.Name, derr) //nolint:errorlint // only err is the cause; the rollback failure is detail
 			}
 		}
 	}()

@@ -28,9 +28,7 @@ func Open(ctx context.Context, url string, logger *slog.Logger) (store.Store, er
 	switch {
 	case strings.HasPrefix(url, "sqlite:"):
 		path := strings.TrimPrefix(url, "sqlite:")
-		if strings.HasPrefix(path, "//") {
-			path = path[2:]
-		}
+		path = strings.TrimPrefix(path, "//")
 		if path == "" {
 			return nil, errdefs.InvalidArgument("sqlite store url needs a path, e.g. sqlite:/var/lib/openshell/gateway.db")
 		}

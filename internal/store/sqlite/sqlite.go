@@ -95,16 +95,16 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	adb := &sqlDB{db: db}
 	migs, err := migrations()
 	if err != nil {
-		db.Close()
+		_ = db.Close() // the setup error is the one to report
 		return nil, err
 	}
 	if err := sqlstore.Migrate(ctx, adb, migs, ""); err != nil {
-		db.Close()
+		_ = db.Close() // the setup error is the one to report
 		return nil, fmt.Errorf("sqlite database %q: %w", path, err)
 	}
 	if !mem {
 		if err := chmodFiles(path); err != nil {
-			db.Close()
+			_ = db.Close() // the setup error is the one to report
 			return nil, err
 		}
 	}

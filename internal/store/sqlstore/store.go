@@ -408,7 +408,7 @@ func (s *Store) DeleteIf(ctx context.Context, objType, id string, expectedRV uin
 		return nil
 	}
 	err = s.conflict(ctx, s.db, objType, id, expectedRV)
-	if ce, ok := err.(*store.ConflictError); ok && ce.Gone {
+	if ce, ok := errors.AsType[*store.ConflictError](err); ok && ce.Gone {
 		return errdefs.NotFound(fmt.Sprintf("%s %q not found", objType, id))
 	}
 	return err
@@ -547,7 +547,7 @@ func (s *Store) writeLease(ctx context.Context, l store.Lease, holder string, ex
 	if err := s.db.QueryRow(ctx, q, b.args...).Scan(&rv); err != nil {
 		if errors.Is(err, ErrNoRows) {
 			err := s.conflict(ctx, s.db, store.TypeReconcilerLease, leaseID(l.Name), l.ResourceVersion)
-			if ce, ok := err.(*store.ConflictError); ok {
+			if ce, ok := errors.AsType[*store.ConflictError](err); ok {
 				ce.ID = l.Name
 			}
 			return store.Lease{}, err
@@ -576,7 +576,7 @@ func (s *Store) ReleaseLease(ctx context.Context, l store.Lease) error {
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil
 	}
-	if ce, ok := err.(*store.ConflictError); ok {
+	if ce, ok := errors.AsType[*store.ConflictError](err); ok {
 		ce.ID = l.Name
 	}
 	return err
