@@ -776,17 +776,25 @@ func (d *Driver) view(cr *unstructured.Unstructured, pod *corev1.Pod) compute.Sa
 	if pod != nil && pod.DeletionTimestamp == nil {
 		sb.Status.InstanceID = string(pod.UID)
 	}
-	now := time.Now().UTC().Format(time.RFC3339)
+	// Transition times come from the objects, never the clock, so that an
+	// unchanged state yields an identical view.
+	since := cr.GetCreationTimestamp().UTC().Format(time.RFC3339)
+	if c, ok := crCondition(cr, compute.ConditionReady); ok && c.LastTransitionTime != "" {
+		since = c.LastTransitionTime
+	}
 	susp := suspended(cr)
-	suspCond := compute.Condition{Type: compute.ConditionSuspended, Status: "False", Reason: "Running", LastTransitionTime: now}
+	suspCond := compute.Condition{Type: compute.ConditionSuspended, Status: "False", Reason: "Running", LastTransitionTime: since}
 	if c, ok := crCondition(cr, compute.ConditionSuspended); ok && !susp {
 		suspCond = c
 		suspCond.Status = "False"
 	}
 	if susp {
-		suspCond = compute.Condition{Type: compute.ConditionSuspended, Status: "True", Reason: "Suspended", Message: "sandbox is suspended", LastTransitionTime: now}
+		suspCond = compute.Condition{Type: compute.ConditionSuspended, Status: "True", Reason: "Suspended", Message: "sandbox is suspended", LastTransitionTime: since}
+		if c, ok := crCondition(cr, compute.ConditionSuspended); ok && c.LastTransitionTime != "" {
+			suspCond.LastTransitionTime = c.LastTransitionTime
+		}
 	}
-	ready := compute.Condition{Type: compute.ConditionReady, Status: "False", Reason: "PodNotReady", Message: "waiting for the sandbox pod", LastTransitionTime: now}
+	ready := compute.Condition{Type: compute.ConditionReady, Status: "False", Reason: "PodNotReady", Message: "waiting for the sandbox pod", LastTransitionTime: since}
 	crReady, haveCR := crCondition(cr, compute.ConditionReady)
 	switch {
 	case sb.Status.Deleting:
