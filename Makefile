@@ -4,7 +4,7 @@ GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS := -X github.com/openshell-go/openshell/internal/version.Version=$(VERSION)
 BINARIES := openshell-gateway openshell-sandbox openshell
-GOLANGCI_LINT_VERSION ?= v2.6.2
+GOLANGCI_LINT_VERSION ?= v2.15.0
 
 .PHONY: help generate build lint test test-unit bench check check-generated check-tidy check-imports run stop clean
 
