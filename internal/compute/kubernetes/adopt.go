@@ -120,22 +120,22 @@ func (d *Driver) Adopt(ctx context.Context, req compute.AdoptRequest) (compute.A
 	ri := d.dyn.Resource(gvr).Namespace(ns)
 	base := cr
 	var written *unstructured.Unstructured
+	newLbl := map[string]string{LabelManagedBy: managedByValue, LabelSandboxID: sb.ID}
+	if d.cfg.GatewayID != "" {
+		newLbl[LabelGatewayID] = d.cfg.GatewayID
+	}
 	for attempt := 0; ; attempt++ {
-		upd := base.DeepCopy()
-		if err := unstructured.SetNestedMap(upd.Object, merged, "spec", "podTemplate"); err != nil {
+		// A merge patch carrying metadata.resourceVersion is conditional on
+		// it; merged is a superset of the podTemplate read, so merging it
+		// over the stored one yields exactly merged.
+		patch, err := json.Marshal(map[string]any{
+			"metadata": map[string]any{"resourceVersion": base.GetResourceVersion(), "labels": newLbl},
+			"spec":     map[string]any{"podTemplate": merged},
+		})
+		if err != nil {
 			return res, err
 		}
-		newLbl := upd.GetLabels()
-		if newLbl == nil {
-			newLbl = map[string]string{}
-		}
-		newLbl[LabelManagedBy] = managedByValue
-		newLbl[LabelSandboxID] = sb.ID
-		if d.cfg.GatewayID != "" {
-			newLbl[LabelGatewayID] = d.cfg.GatewayID
-		}
-		upd.SetLabels(newLbl)
-		written, err = ri.Update(ctx, upd, metav1.UpdateOptions{})
+		written, err = ri.Patch(ctx, sb.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 		if err == nil {
 			break
 		}
