@@ -542,4 +542,32 @@ func TestV1alpha1(t *testing.T) {
 	if ok, err := d.Delete(t.Context(), compute.Ref{ID: sb.ID}); err != nil || !ok {
 		t.Fatalf("Delete = %v, %v", ok, err)
 	}
+
+	// Adoption of a bare v1alpha1 Sandbox (no controller here: no pod to restart).
+	bare := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "agents.x-k8s.io/v1alpha1", "kind": "Sandbox",
+		"metadata": map[string]any{"name": "bare-alpha", "namespace": e.ns},
+		"spec": map[string]any{"replicas": int64(1), "podTemplate": map[string]any{"spec": map[string]any{
+			"serviceAccountName": testSA, "containers": []any{map[string]any{"name": "main", "image": "custom:1"}},
+		}}},
+	}}
+	if _, err := c.Dynamic.Resource(k8stest.SandboxV1alpha1GVR).Namespace(e.ns).Create(t.Context(), bare, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ad := e.driver(t, map[string]any{"sandbox_api_version": "v1alpha1", "allow_adoption": true})
+	id := computetest.NewID()
+	if _, err := ad.Adopt(t.Context(), compute.AdoptRequest{Sandbox: compute.Sandbox{ID: id, Name: "bare-alpha"}}); err != nil {
+		t.Fatalf("Adopt(v1alpha1) error = %v", err)
+	}
+	u, err := c.Dynamic.Resource(k8stest.SandboxV1alpha1GVR).Namespace(e.ns).Get(t.Context(), "bare-alpha", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inits, _, _ := unstructured.NestedSlice(u.Object, "spec", "podTemplate", "spec", "initContainers")
+	if u.GetLabels()[kubernetes.LabelSandboxID] != id || len(inits) != 1 {
+		t.Errorf("adopted v1alpha1 Sandbox: labels %v, %d init containers", u.GetLabels(), len(inits))
+	}
+	if r, _, _ := unstructured.NestedInt64(u.Object, "spec", "replicas"); r != 1 {
+		t.Errorf("adopted v1alpha1 Sandbox replicas = %d, want 1", r)
+	}
 }
