@@ -8,11 +8,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -66,8 +68,9 @@ client_tls_secret_name = "openshell-client-tls"
 // runPodSupervisor starts the real openshell-sandbox on the host with the
 // environment the driver put in the pod's agent container, its in-pod
 // paths (projected token, client TLS) mapped to files on the host, and the
-// given pod-bound ServiceAccount token.
-func (k kubeGateway) runPodSupervisor(t *testing.T, pod *corev1.Pod, token string) {
+// given pod-bound ServiceAccount token. The returned func stops it (as the
+// pod's deletion would); it also runs at cleanup.
+func (k kubeGateway) runPodSupervisor(t *testing.T, pod *corev1.Pod, token string) (stop func()) {
 	t.Helper()
 	dir := TempDir(t)
 	tokenFile := filepath.Join(dir, "token")
@@ -107,18 +110,25 @@ func (k kubeGateway) runPodSupervisor(t *testing.T, pod *corev1.Pod, token strin
 	}
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+				<-done
+			}
+		})
+	}
 	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-done
-		}
+		stop()
 		if t.Failed() {
-			t.Logf("supervisor log:\n%s", logs.String())
+			t.Logf("supervisor log (pod %s):\n%s", pod.UID, logs.String())
 		}
 	})
+	return stop
 }
 
 // TestKubernetesEndToEnd: a gateway on the kubernetes driver creates the
@@ -162,15 +172,53 @@ func TestKubernetesEndToEnd(t *testing.T) {
 	}
 
 	token := k.c.BoundToken(t, k.ns, kubeSandboxSA, pod.Name, pod.UID, "openshell-gateway", time.Hour)
-	k.runPodSupervisor(t, pod, token)
+	stopSupervisor := k.runPodSupervisor(t, pod, token)
 	WaitPhase(ctx, t, c, name, openshellv1.SandboxPhase_SANDBOX_PHASE_READY, time.Minute)
 
-	stdout, stderr, code, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"echo", "hi"}})
-	if err != nil || code != 0 || strings.TrimSpace(stdout) != "hi" {
-		t.Fatalf("Exec(echo hi) = %q, %q, %d, %v", stdout, stderr, code, err)
+	echo := func(what string) {
+		t.Helper()
+		stdout, stderr, code, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"echo", "hi"}})
+		if err != nil || code != 0 || strings.TrimSpace(stdout) != "hi" {
+			t.Fatalf("Exec(echo hi) %s = %q, %q, %d, %v", what, stdout, stderr, code, err)
+		}
 	}
+	echo("after create")
 	if !strings.Contains(k.Logs(), "sandbox bootstrapped from a K8s ServiceAccount token") {
 		t.Errorf("gateway log lacks the bootstrap success line")
+	}
+
+	// Stop: the Sandbox is suspended, the controller deletes the pod (and
+	// with it, in a real cluster, the supervisor).
+	if _, err := c.StopSandbox(ctx, &openshellv1.StopSandboxRequest{Name: name}); err != nil {
+		t.Fatalf("StopSandbox: %v", err)
+	}
+	k.c.WaitPodGone(t, k.ns, name)
+	stopSupervisor()
+	WaitPhase(ctx, t, c, name, openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPED, time.Minute)
+
+	// Start: a new pod, a new pod-bound token, a new supervisor.
+	if _, err := c.StartSandbox(ctx, &openshellv1.StartSandboxRequest{Name: name}); err != nil {
+		t.Fatalf("StartSandbox: %v", err)
+	}
+	var pod2 *corev1.Pod
+	k.c.Eventually(t, func(ctx context.Context) (bool, error) {
+		p, err := k.c.Clientset.CoreV1().Pods(k.ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		pod2 = p
+		return err == nil && p.UID != pod.UID, err
+	}, "a new pod for %s", name)
+	k.c.MarkPodReady(t, k.ns, name)
+	k.runPodSupervisor(t, pod2, k.c.BoundToken(t, k.ns, kubeSandboxSA, pod2.Name, pod2.UID, "openshell-gateway", time.Hour))
+	WaitPhase(ctx, t, c, name, openshellv1.SandboxPhase_SANDBOX_PHASE_READY, time.Minute)
+	echo("after start")
+	// The old pod's token no longer bootstraps: its pod is gone.
+	oldCtx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+	if _, err := c.IssueSandboxToken(oldCtx, &openshellv1.IssueSandboxTokenRequest{}); err == nil {
+		t.Errorf("IssueSandboxToken with the deleted pod's token succeeded")
+	} else {
+		t.Logf("IssueSandboxToken with the deleted pod's token: %v", err)
 	}
 
 	if _, err := c.DeleteSandbox(ctx, &openshellv1.DeleteSandboxRequest{Name: name}); err != nil {
