@@ -203,6 +203,9 @@ func (d *Driver) namespaceFor(sb compute.Sandbox) (string, error) {
 		if ns == "" {
 			ns, _ = sb.Spec.Template.PlatformConfig["namespace"].(string)
 		}
+		if ns == "" && sb.Workspace != "" && d.nsv.Accepts(sb.Workspace) {
+			ns = sb.Workspace
+		}
 		if ns == "" {
 			ns = d.cfg.SandboxNamespace
 		}
