@@ -150,3 +150,42 @@ func TestResolveServiceAccount(t *testing.T) {
 		})
 	}
 }
+
+func TestNamespaceFor(t *testing.T) {
+	sb := func(ws, ns string) compute.Sandbox {
+		return compute.Sandbox{ID: "11111111-2222-4333-8444-555555555555", Name: "sb", Workspace: ws, Namespace: ns}
+	}
+	shared := offlineDriver(t, map[string]any{"sandbox_namespace": "sbx"})
+	managed := offlineDriver(t, map[string]any{"workspace_mode": "managed", "gateway_id": "gw1"})
+	operator := offlineDriver(t, map[string]any{"workspace_mode": "operator", "allowed_namespaces": []any{"team-a", "openshell"}})
+	tests := []struct {
+		name string
+		d    *Driver
+		sb   compute.Sandbox
+		want string // "" = InvalidArgument
+	}{
+		{"shared", shared, sb("team-a", ""), "sbx"},
+		{"shared other namespace", shared, sb("", "kube-system"), ""},
+		{"managed default", managed, sb("", ""), "openshell-gw1-default"},
+		{"managed workspace", managed, sb("team-a", ""), "openshell-gw1-team-a"},
+		{"managed bad workspace", managed, sb("Team_A", ""), ""},
+		{"operator workspace", operator, sb("team-a", ""), "team-a"},
+		{"operator other workspace", operator, sb("team-b", ""), "openshell"},
+		{"operator explicit", operator, sb("", "team-a"), "team-a"},
+		{"operator not allowed", operator, sb("", "kube-system"), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := tt.d.plan(tt.sb)
+			if tt.want == "" {
+				if !errors.Is(err, errdefs.ErrInvalidArgument) {
+					t.Errorf("plan() = %q, %v, want InvalidArgument", p.namespace, err)
+				}
+				return
+			}
+			if err != nil || p.namespace != tt.want {
+				t.Errorf("plan() namespace = %q, %v, want %q", p.namespace, err, tt.want)
+			}
+		})
+	}
+}
