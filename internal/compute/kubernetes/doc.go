@@ -11,6 +11,12 @@
 // through IssueSandboxToken. The gateway-side half of that exchange is
 // [Authenticator], returned by [Driver.BootstrapAuthenticator].
 //
+// The accepted bootstrap ServiceAccounts and the ones a sandbox may select
+// come from one place ([Config.ServiceAccountValidator],
+// [Config.SelectableServiceAccounts]). [Driver.Adopt] brings an existing
+// Sandbox under management by merging the same enrichment into its
+// podTemplate (opt-in: allow_adoption).
+//
 // Objects are handled as unstructured JSON through the dynamic client; the
 // agent-sandbox Go types are deliberately not a dependency.
 //
