@@ -129,7 +129,7 @@ func TestAdopt(t *testing.T) {
 	e.c.Eventually(t, func(ctx context.Context) (bool, error) {
 		p, err := e.c.Clientset.CoreV1().Pods(e.ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			return false, nil
+			return false, nil //nolint:nilerr // not recreated yet: keep polling
 		}
 		pod = p
 		return p.UID != oldPod.UID, nil
