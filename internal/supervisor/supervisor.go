@@ -208,6 +208,9 @@ func (c *Config) Validate() error {
 // Run runs openshell-sandbox with args (without the program name),
 // configured from the environment.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "copy-self" {
+		return copySelf(args[1:], stdout)
+	}
 	fs := flag.NewFlagSet("openshell-sandbox", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	showVersion := fs.Bool("version", false, "print the version and exit")
