@@ -20,6 +20,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pelletier/go-toml/v2"
+
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
 	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/auth/mtls"
@@ -435,6 +437,7 @@ func runDriver(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	socket := fs.String("socket", "", "Unix socket path to listen on")
 	stateDir := fs.String("state-dir", "", "state directory (default $XDG_STATE_HOME/openshell/driver-<name>)")
 	endpoint := fs.String("gateway-endpoint", "", "gateway endpoint sandboxes dial back to")
+	cfgFile := fs.String("config", "", "gateway.toml whose [openshell.drivers.NAME] table (with the inherited [openshell.gateway] keys) configures the driver")
 	level := fs.String("log-level", "info", "log level")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
@@ -459,7 +462,14 @@ func runDriver(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	d, err := drivers().New(*name, nil, compute.FactoryDeps{Logger: logger, StateDir: dir, GatewayEndpoint: *endpoint, SupervisorPath: supervisorPath()})
+	var table map[string]any
+	if *cfgFile != "" {
+		var err error
+		if table, err = driverTable(*cfgFile, *name); err != nil {
+			return err
+		}
+	}
+	d, err := drivers().New(*name, table, compute.FactoryDeps{Logger: logger, StateDir: dir, GatewayEndpoint: *endpoint, SupervisorPath: supervisorPath()})
 	if err != nil {
 		return err
 	}
@@ -468,4 +478,36 @@ func runDriver(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	_, _ = fmt.Fprintf(stdout, "serving compute driver %s on %s\n", *name, *socket)
 	return remote.Serve(ctx, d, *socket, logger)
+}
+
+// driverTable reads [openshell.drivers.<name>] from a gateway.toml, with
+// the allowlisted [openshell.gateway] keys inherited as the gateway itself
+// does, so a separately served driver sees the same configuration.
+func driverTable(path, name string) (map[string]any, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("driver config: %w", err)
+	}
+	var doc struct {
+		OpenShell struct {
+			Gateway map[string]any            `toml:"gateway"`
+			Drivers map[string]map[string]any `toml:"drivers"`
+		} `toml:"openshell"`
+	}
+	if err := toml.Unmarshal(data, &doc); err != nil {
+		return nil, fmt.Errorf("driver config %s: %w", path, err)
+	}
+	table := map[string]any{}
+	for _, k := range config.InheritedDriverKeys(name) {
+		if v, ok := doc.OpenShell.Gateway[k]; ok {
+			table[k] = v
+		}
+	}
+	for k, v := range doc.OpenShell.Drivers[name] {
+		if k == "socket_path" { // where the gateway finds this driver, not driver config
+			continue
+		}
+		table[k] = v
+	}
+	return table, nil
 }
