@@ -29,6 +29,7 @@ func (a *app) newSandboxCmd() *cobra.Command {
 	}
 	cmd.AddCommand(
 		a.newSandboxCreateCmd(),
+		a.newSandboxAdoptCmd(),
 		a.newSandboxListCmd(),
 		a.newSandboxGetCmd(),
 		a.newSandboxDeleteCmd(),
