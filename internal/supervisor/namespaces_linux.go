@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -13,18 +12,29 @@ import (
 
 // setupNamespaces applies the process driver's start contract. It runs
 // before anything else, in the new mount and uts namespaces the driver
-// created.
-func setupNamespaces(cfg Config) error {
-	if cfg.Rootfs != "" {
-		return errors.New("OPENSHELL_ROOTFS is set but pivot_root into a root filesystem is not supported by this supervisor")
-	}
-	if cfg.PrivateTmp {
+// created, and before the first connection to the gateway.
+//
+// With OPENSHELL_ROOTFS it pivots into the image (see enterRootfs) and
+// points cfg.WorkspaceDir at /sandbox. Otherwise, with
+// OPENSHELL_PRIVATE_TMP, the sandbox keeps the host filesystem with a
+// private /tmp, read-only system directories and its own /proc (see
+// setupHostFS). Every failure names the step and path; the supervisor then
+// exits non-zero.
+func setupNamespaces(cfg *Config) error {
+	if cfg.PrivateTmp || cfg.Rootfs != "" {
 		// Keep our mounts from propagating back to the host first.
 		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 			return fmt.Errorf("make mounts private (needs a new mount namespace): %w", err)
 		}
-		if err := unix.Mount("tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
-			return fmt.Errorf("mount private /tmp: %w", err)
+	}
+	switch {
+	case cfg.Rootfs != "":
+		if err := enterRootfs(cfg); err != nil {
+			return err
+		}
+	case cfg.PrivateTmp:
+		if err := setupHostFS(cfg); err != nil {
+			return err
 		}
 	}
 	if cfg.Hostname != "" {
@@ -36,10 +46,12 @@ func setupNamespaces(cfg Config) error {
 }
 
 // pinUnixEndpoint keeps a unix:// gateway socket reachable after a private
-// /tmp hides its directory: it opens the directory now and rewrites the
-// endpoint to go through /proc/self/fd. The returned file must stay open.
+// /tmp hides its directory or a pivot_root leaves the host filesystem: it
+// opens the directory now and rewrites the endpoint to go through
+// /proc/self/fd. The returned file must stay open. In a rootfs sandbox
+// enterRootfs replaces that fd by a bind of the directory inside the image.
 func pinUnixEndpoint(cfg *Config) (*os.File, error) {
-	if !cfg.PrivateTmp || !strings.HasPrefix(cfg.Endpoint, "unix://") {
+	if (!cfg.PrivateTmp && cfg.Rootfs == "") || !strings.HasPrefix(cfg.Endpoint, "unix://") {
 		return nil, nil
 	}
 	u, err := url.Parse(cfg.Endpoint)

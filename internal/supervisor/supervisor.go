@@ -263,7 +263,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer conn.Close()
-	if err := setupNamespaces(cfg); err != nil {
+	if err := setupNamespaces(&cfg); err != nil {
 		return err
 	}
 	if cfg.WorkspaceDir != "" {

@@ -1,0 +1,459 @@
+package supervisor
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// systemDirs are remounted read-only in process-driver sandboxes. Entries
+// that are symlinks are resolved (usrmerge: /bin -> usr/bin is covered by
+// /usr); entries that do not exist are skipped.
+var systemDirs = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt"}
+
+// sandboxWorkspace is where a rootfs sandbox sees its workspace.
+const sandboxWorkspace = "/sandbox"
+
+// gatewayDirInRootfs is where the gateway socket's directory is bound
+// inside a rootfs (on the supervisor's own /dev tmpfs, so nothing is
+// created in the image directory for it).
+const gatewayDirInRootfs = "/dev/.openshell-gateway"
+
+// mountEntry is one line of /proc/self/mountinfo.
+type mountEntry struct {
+	mountPoint string
+	options    string // per-mount options, e.g. "rw,nosuid,relatime"
+}
+
+// parseMountinfo reads /proc/<pid>/mountinfo lines.
+func parseMountinfo(r io.Reader) ([]mountEntry, error) {
+	var out []mountEntry
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 6 {
+			return nil, fmt.Errorf("malformed mountinfo line %q", sc.Text())
+		}
+		out = append(out, mountEntry{mountPoint: unescapeMountinfo(f[4]), options: f[5]})
+	}
+	return out, sc.Err()
+}
+
+// unescapeMountinfo decodes the octal escapes (\040 and friends) the
+// kernel writes for space, tab, newline and backslash.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// mountFlags maps per-mount options to the MS_* flags a bind remount must
+// repeat: in a user namespace the kernel locks nosuid, nodev, noexec and
+// the atime mode of inherited mounts, and a remount that drops them fails
+// with EPERM.
+func mountFlags(options string) uintptr {
+	var fl uintptr
+	atime := false
+	for o := range strings.SplitSeq(options, ",") {
+		switch o {
+		case "ro":
+			fl |= unix.MS_RDONLY
+		case "nosuid":
+			fl |= unix.MS_NOSUID
+		case "nodev":
+			fl |= unix.MS_NODEV
+		case "noexec":
+			fl |= unix.MS_NOEXEC
+		case "noatime":
+			fl |= unix.MS_NOATIME
+			atime = true
+		case "relatime":
+			fl |= unix.MS_RELATIME
+			atime = true
+		case "nodiratime":
+			fl |= unix.MS_NODIRATIME
+		case "nosymfollow":
+			fl |= unix.MS_NOSYMFOLLOW
+		}
+	}
+	if !atime {
+		fl |= unix.MS_STRICTATIME
+	}
+	return fl
+}
+
+// under reports whether p is dir or inside it (both clean and absolute).
+func under(p, dir string) bool {
+	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
+}
+
+// resolveDirs resolves dirs through symlinks (relative to the current
+// root), keeps existing directories only and drops entries inside another
+// kept entry. The result is sorted.
+func resolveDirs(dirs []string, eval func(string) (string, error), isDir func(string) bool) []string {
+	var real []string
+	for _, d := range dirs {
+		r, err := eval(d)
+		if err != nil || !isDir(r) {
+			continue
+		}
+		real = append(real, filepath.Clean(r))
+	}
+	slices.Sort(real)
+	real = slices.Compact(real)
+	var out []string
+	for _, r := range real {
+		covered := false
+		for _, o := range out {
+			if under(r, o) {
+				covered = true
+				break
+			}
+		}
+		if !covered {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func isDirPath(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
+}
+
+// remountTargets returns the mount points to make read-only: every mount
+// at or under one of dirs, except those at or under a keep path, each
+// once, with the options of its last (topmost) entry.
+func remountTargets(mounts []mountEntry, dirs, keep []string) []mountEntry {
+	idx := map[string]int{}
+	var out []mountEntry
+	for _, m := range mounts {
+		in := false
+		for _, d := range dirs {
+			if under(m.mountPoint, d) {
+				in = true
+				break
+			}
+		}
+		for _, k := range keep {
+			if under(m.mountPoint, k) {
+				in = false
+				break
+			}
+		}
+		if !in {
+			continue
+		}
+		if i, ok := idx[m.mountPoint]; ok {
+			out[i] = m
+			continue
+		}
+		idx[m.mountPoint] = len(out)
+		out = append(out, m)
+	}
+	return out
+}
+
+// protectSystemDirs makes the system directories read-only in this mount
+// namespace: a recursive bind of each onto itself, then a read-only bind
+// remount of every mount under it. Paths in keep (the workspace) stay
+// writable even when they lie inside a system directory.
+func protectSystemDirs(keep []string) error {
+	dirs := resolveDirs(systemDirs, filepath.EvalSymlinks, isDirPath)
+	var keepReal []string
+	for _, k := range keep {
+		r, err := filepath.EvalSymlinks(k)
+		if err != nil {
+			return fmt.Errorf("read-only system directories: resolve %s: %w", k, err)
+		}
+		keepReal = append(keepReal, r)
+		for _, d := range dirs {
+			if under(r, d) {
+				// Its own mount, carried along by the recursive bind below
+				// and skipped by the read-only pass.
+				if err := unix.Mount(r, r, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+					return fmt.Errorf("read-only system directories: bind %s onto itself: %w", r, err)
+				}
+				break
+			}
+		}
+	}
+	for _, d := range dirs {
+		if err := unix.Mount(d, d, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("read-only system directories: bind %s onto itself: %w", d, err)
+		}
+	}
+	mounts, err := readMountinfo()
+	if err != nil {
+		return fmt.Errorf("read-only system directories: %w", err)
+	}
+	for _, m := range remountTargets(mounts, dirs, keepReal) {
+		if err := remountReadOnly(m.mountPoint, m.options); err != nil {
+			return fmt.Errorf("read-only system directories: %w", err)
+		}
+	}
+	return nil
+}
+
+func readMountinfo() ([]mountEntry, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return parseMountinfo(f)
+}
+
+func remountReadOnly(path, options string) error {
+	fl := unix.MS_REMOUNT | unix.MS_BIND | unix.MS_RDONLY | mountFlags(options)
+	if err := unix.Mount("", path, "", fl, ""); err != nil {
+		return fmt.Errorf("remount %s read-only: %w", path, err)
+	}
+	return nil
+}
+
+// mountProc mounts a fresh proc for the sandbox's pid namespace on target.
+func mountProc(target string) error {
+	return unix.Mount("proc", target, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+}
+
+// setupHostFS isolates a sandbox that sees the host filesystem: private
+// /tmp, read-only system directories, and its own /proc.
+func setupHostFS(cfg *Config) error {
+	if err := unix.Mount("tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+		return fmt.Errorf("mount private /tmp: %w", err)
+	}
+	var keep []string
+	if cfg.WorkspaceDir != "" {
+		keep = append(keep, cfg.WorkspaceDir)
+	} else if wd, err := os.Getwd(); err == nil {
+		keep = append(keep, wd)
+	}
+	if err := protectSystemDirs(keep); err != nil {
+		return err
+	}
+	// Without a fresh proc the sandbox would see every host process.
+	// Where the kernel refuses it (an unprivileged user namespace under a
+	// container runtime that masks parts of /proc) the host's /proc stays:
+	// such a sandbox sees the host filesystem anyway.
+	if err := mountProc("/proc"); err != nil && !errors.Is(err, unix.EPERM) {
+		return fmt.Errorf("mount /proc for the sandbox pid namespace: %w", err)
+	}
+	return nil
+}
+
+// rootfsDir returns root/name, creating it as a directory when missing.
+// An existing entry must be a real directory: a symlink in the image could
+// otherwise point the mount at a host path.
+func rootfsDir(root, name string) (string, error) {
+	p := filepath.Join(root, name)
+	fi, err := os.Lstat(p)
+	if errors.Is(err, os.ErrNotExist) {
+		if err := os.Mkdir(p, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return "", fmt.Errorf("create %s: %w", p, err)
+		}
+		fi, err = os.Lstat(p)
+	}
+	if err != nil {
+		return "", err
+	}
+	if !fi.IsDir() {
+		return "", fmt.Errorf("%s in the root filesystem is not a directory", p)
+	}
+	return p, nil
+}
+
+// enterRootfs pivots into cfg.Rootfs: workspace at /sandbox, fresh /proc,
+// a minimal /dev, a private /tmp, the gateway socket's directory, then
+// pivot_root and read-only system directories inside the image.
+func enterRootfs(cfg *Config) error {
+	step := func(what string, err error) error { return fmt.Errorf("rootfs %s: %s: %w", cfg.Rootfs, what, err) }
+	root, err := filepath.EvalSymlinks(cfg.Rootfs)
+	if err != nil {
+		return step("resolve", err)
+	}
+	if !isDirPath(root) || root == "/" {
+		return step("check", errors.New("not a directory other than /"))
+	}
+	ws := cfg.WorkspaceDir
+	if ws == "" {
+		if ws, err = os.Getwd(); err != nil {
+			return step("workspace", err)
+		}
+	}
+	// The gateway socket's directory, pinned by pinUnixEndpoint as an open
+	// fd named in the endpoint; it is re-pointed after the pivot.
+	gwFD, gwName := pinnedEndpoint(cfg.Endpoint)
+
+	if err := unix.Mount(root, root, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return step("bind onto itself", err)
+	}
+	dst, err := rootfsDir(root, sandboxWorkspace)
+	if err != nil {
+		return step("workspace mount point", err)
+	}
+	if err := unix.Mount(ws, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return step("bind workspace "+ws+" at "+dst, err)
+	}
+	if dst, err = rootfsDir(root, "proc"); err != nil {
+		return step("proc mount point", err)
+	}
+	if err := mountProc(dst); err != nil {
+		// No fallback to the host's /proc: its /proc/<pid>/root links lead
+		// out of the root filesystem.
+		return step("mount proc at "+dst, err)
+	}
+	if dst, err = rootfsDir(root, "dev"); err != nil {
+		return step("dev mount point", err)
+	}
+	if err := mountDev(dst); err != nil {
+		return step("dev", err)
+	}
+	if dst, err = rootfsDir(root, "tmp"); err != nil {
+		return step("tmp mount point", err)
+	}
+	if err := unix.Mount("tmpfs", dst, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+		return step("mount private tmp at "+dst, err)
+	}
+	if gwFD >= 0 {
+		dst = filepath.Join(root, gatewayDirInRootfs)
+		if err := os.Mkdir(dst, 0o700); err != nil {
+			return step("gateway socket mount point", err)
+		}
+		src := "/proc/self/fd/" + strconv.Itoa(gwFD)
+		if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+			return step("bind gateway socket directory at "+dst, err)
+		}
+		// Connecting to a socket needs no write access to its mount.
+		if err := unix.Mount("", dst, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return step("remount gateway socket directory read-only", err)
+		}
+	}
+	// pivot_root(".", ".") stacks the old root on top of the new one;
+	// detaching it leaves the image as / without a directory for the old
+	// root (image directories may be shared by several sandboxes).
+	if err := unix.Chdir(root); err != nil {
+		return step("chdir", err)
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return step("pivot_root", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return step("detach the old root", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return step("chdir /", err)
+	}
+	if gwFD >= 0 {
+		// Replace the host directory fd by the bound copy, so no fd of
+		// the supervisor leads back into the host filesystem.
+		in, err := unix.Open(gatewayDirInRootfs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return step("open "+gatewayDirInRootfs, err)
+		}
+		if err := unix.Dup3(in, gwFD, unix.O_CLOEXEC); err != nil {
+			return step("re-point gateway socket fd", err)
+		}
+		_ = unix.Close(in)
+		if _, err := os.Stat(filepath.Join("/proc/self/fd", strconv.Itoa(gwFD), gwName)); err != nil {
+			return step("gateway socket after pivot", err)
+		}
+	}
+	if err := protectSystemDirs([]string{sandboxWorkspace}); err != nil {
+		return step("inside the image", err)
+	}
+	if err := unix.Chdir(sandboxWorkspace); err != nil {
+		return step("chdir "+sandboxWorkspace, err)
+	}
+	cfg.WorkspaceDir = sandboxWorkspace
+	_ = os.Setenv(EnvWorkspaceDir, sandboxWorkspace) // children see the path inside the image
+	_ = os.Setenv("PWD", sandboxWorkspace)
+	return nil
+}
+
+// pinnedEndpoint returns the fd and socket name of an endpoint rewritten
+// by pinUnixEndpoint, or -1.
+func pinnedEndpoint(endpoint string) (int, string) {
+	rest, ok := strings.CutPrefix(endpoint, "unix:///proc/self/fd/")
+	if !ok {
+		return -1, ""
+	}
+	n, name, ok := strings.Cut(rest, "/")
+	fd, err := strconv.Atoi(n)
+	if !ok || err != nil || name == "" || strings.Contains(name, "/") {
+		return -1, ""
+	}
+	return fd, name
+}
+
+// devNodes are bound from the host's /dev into a rootfs's /dev. Device
+// nodes cannot be created in a user namespace, bind mounts of them can.
+var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
+
+// mountDev builds a minimal /dev at dst: a tmpfs with the host's basic
+// character devices bound in, a new devpts instance (ptmx -> pts/ptmx),
+// /dev/shm and the usual fd symlinks.
+func mountDev(dst string) error {
+	if err := unix.Mount("tmpfs", dst, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755"); err != nil {
+		return fmt.Errorf("mount tmpfs at %s: %w", dst, err)
+	}
+	for _, n := range devNodes {
+		src, p := "/dev/"+n, filepath.Join(dst, n)
+		if _, err := os.Stat(src); err != nil {
+			continue // e.g. no /dev/tty on the host
+		}
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o666)
+		if err != nil {
+			return fmt.Errorf("create %s: %w", p, err)
+		}
+		f.Close()
+		if err := unix.Mount(src, p, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s at %s: %w", src, p, err)
+		}
+	}
+	pts := filepath.Join(dst, "pts")
+	if err := os.Mkdir(pts, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("devpts", pts, "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
+		return fmt.Errorf("mount devpts at %s: %w", pts, err)
+	}
+	shm := filepath.Join(dst, "shm")
+	if err := os.Mkdir(shm, 0o1777); err != nil {
+		return err
+	}
+	if err := unix.Mount("tmpfs", shm, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+		return fmt.Errorf("mount tmpfs at %s: %w", shm, err)
+	}
+	for name, target := range map[string]string{
+		"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
+		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2",
+	} {
+		if err := os.Symlink(target, filepath.Join(dst, name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
