@@ -145,7 +145,7 @@ func TestRootFSImage(t *testing.T) {
 	if _, errOut, code := run(`touch /bin/openshell-ro-probe`); code == 0 || !strings.Contains(errOut, "Read-only file system") {
 		t.Errorf("touch in the image's /bin: exit %d stderr %q, want read-only", code, errOut)
 	}
-	if out, errOut, code := run(`echo kept > state.txt && echo t > /tmp/t && cat /tmp/t && ls /dev/null /dev/pts/ptmx >/dev/null && echo ok`); code != 0 || out != "t\nok\n" {
+	if out, errOut, code := run(`echo kept > state.txt && echo t > /tmp/t && cat /tmp/t && ls /dev/pts/ptmx >/dev/null && echo x >/dev/null && echo ok`); code != 0 || out != "t\nok\n" {
 		t.Errorf("workspace, /tmp and /dev: exit %d stdout %q stderr %q", code, out, errOut)
 	}
 	// No way back to the host filesystem through the supervisor's fds.

@@ -416,7 +416,8 @@ var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
 // character devices bound in, a new devpts instance (ptmx -> pts/ptmx),
 // /dev/shm and the usual fd symlinks.
 func mountDev(dst string) error {
-	if err := unix.Mount("tmpfs", dst, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755"); err != nil {
+	// nodev applies to nodes created on the tmpfs, not to the bind mounts.
+	if err := unix.Mount("tmpfs", dst, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755"); err != nil {
 		return fmt.Errorf("mount tmpfs at %s: %w", dst, err)
 	}
 	for _, n := range devNodes {

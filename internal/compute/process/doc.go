@@ -56,17 +56,54 @@
 //
 //	OPENSHELL_PRIVATE_TMP         "true" (always): first make / recursively private
 //	                              (mount(NULL, "/", NULL, MS_REC|MS_PRIVATE)), so nothing
-//	                              the sandbox mounts reaches the host, then mount a fresh
-//	                              tmpfs on /tmp
+//	                              the sandbox mounts reaches the host; then, without
+//	                              OPENSHELL_ROOTFS, isolate the host filesystem (below)
 //	OPENSHELL_SANDBOX_HOSTNAME    sethostname(2) to the sandbox name (its own uts namespace)
-//	OPENSHELL_ROOTFS              set only for a local rootfs image: bind-mount the
-//	                              workspace at /sandbox inside it, mount /proc, /dev and
-//	                              /tmp there, pivot_root(2) into it and chdir /sandbox; the
-//	                              supervisor keeps running from its already-open binary.
-//	                              Unset: the sandbox sees the host filesystem; the
-//	                              supervisor should remount system directories read-only
-//	                              (/usr, /bin, /sbin, /lib*, /etc) and mount a fresh /proc
-//	                              for its pid namespace.
+//	OPENSHELL_ROOTFS              set only for a local rootfs image: pivot into it (below)
+//
+// Host filesystem (empty image): a fresh tmpfs on /tmp; the system
+// directories /usr, /bin, /sbin, /lib, /lib32, /lib64, /libx32, /etc and
+// /opt are resolved through symlinks (usrmerge: /bin -> usr/bin is covered
+// by /usr), bound recursively onto themselves and every mount under them
+// is remounted read-only, repeating its nosuid/nodev/noexec/atime flags
+// (locked in a user namespace); the workspace stays writable even inside
+// one of them; a fresh /proc for the pid namespace (kept as the host's
+// /proc only where the kernel refuses the mount with EPERM).
+//
+// Root filesystem (image "dir:/path" or "/path"): the image is bound
+// recursively onto itself; the workspace is bound at <rootfs>/sandbox; a
+// fresh proc at <rootfs>/proc (a failure is fatal: the host's /proc would
+// lead out of the image); a tmpfs /dev holding bind mounts of the host's
+// null, zero, full, random, urandom and tty, a new devpts instance
+// (ptmx -> pts/ptmx), /dev/shm and the fd symlinks (device nodes cannot be
+// created in a user namespace, bind mounts of them can); a fresh tmpfs on
+// <rootfs>/tmp; the directory of a unix:// gateway socket bound read-only
+// at /dev/.openshell-gateway. Then pivot_root(".", ".") and a lazy
+// unmount of the old root (no .oldroot directory, so one image directory
+// can serve several sandboxes at once), the image's own system directories
+// read-only as above, chdir /sandbox, OPENSHELL_WORKSPACE_DIR=/sandbox.
+// Missing mount points (sandbox, proc, dev, tmp) are created in the image
+// directory; existing ones must be real directories, not symlinks. The
+// supervisor keeps running from its already-open binary and has read its
+// token file before; the main process and SSH sessions run the image's
+// /bin/sh (/bin/bash when present). Any failed step makes the supervisor
+// exit non-zero with the step and path in supervisor.log, so the sandbox
+// goes to ERROR.
+//
+// What this protects: system directories against writes (accidental or by
+// an unprivileged process), the host's /tmp, the host's process list, and
+// in a rootfs sandbox everything outside the image, the workspace and the
+// gateway socket directory. What it does not: writable host paths outside
+// the list (/root, /home, /var, /srv, /mnt, the gateway state directory
+// other than through the workspace) in host-filesystem sandboxes; the rest
+// of the image directory, which is shared with the host and with other
+// sandboxes using it; /sys and the network, which are the host's. The
+// sandbox's processes run as root of their namespaces with full
+// capabilities there, so one that means to can remount the read-only
+// directories writable again; and where the gateway runs as root (no user
+// namespace) that root is the host's, able to create device nodes and
+// mount host disks. These layers guard against mistakes and unprivileged
+// code, not against a hostile root in the sandbox.
 //
 // OPENSHELL_SANDBOX_TOKEN, OPENSHELL_SANDBOX_TOKEN_FILE and OPENSHELL_ROOTFS
 // from the spec or template environment are dropped: only the driver sets
