@@ -86,7 +86,7 @@ func busyboxRootfs(t *testing.T) string {
 	if err := os.WriteFile(filepath.Join(root, "bin/busybox"), data, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, applet := range []string{"sh", "ls", "cat", "touch", "sleep", "pwd", "echo", "test", "wc", "env", "mount", "true", "false", "id", "hostname"} {
+	for _, applet := range []string{"sh", "ls", "cat", "touch", "sleep", "pwd", "echo", "test", "wc", "env", "mount", "true", "false", "id", "hostname", "tty"} {
 		if err := os.Symlink("busybox", filepath.Join(root, "bin", applet)); err != nil {
 			t.Fatal(err)
 		}
@@ -147,6 +147,10 @@ func TestRootFSImage(t *testing.T) {
 	}
 	if out, errOut, code := run(`echo kept > state.txt && echo t > /tmp/t && cat /tmp/t && ls /dev/pts/ptmx >/dev/null && echo x >/dev/null && echo ok`); code != 0 || out != "t\nok\n" {
 		t.Errorf("workspace, /tmp and /dev: exit %d stdout %q stderr %q", code, out, errOut)
+	}
+	// A pseudo terminal from the sandbox's own devpts instance.
+	if out, errOut, code, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"tty"}, Tty: true}); err != nil || code != 0 || !strings.HasPrefix(strings.TrimSpace(out), "/dev/pts/") {
+		t.Errorf("tty exec: %q %q %d %v, want a /dev/pts terminal", out, errOut, code, err)
 	}
 	// No way back to the host filesystem through the supervisor's fds.
 	if out, _, _ := run(`for f in /proc/1/fd/*; do ls "$f/../../../../../../../.." 2>/dev/null; done | grep -c -x -e work -e rootfs || true`); strings.TrimSpace(out) != "0" {
