@@ -36,7 +36,10 @@ const (
 // account) happens before a row is persisted or a token minted. Then the
 // token is minted, the row persisted as PROVISIONING (MustCreate) and the
 // driver writes the workload. A driver failure that left the workload
-// untouched removes the row again.
+// untouched removes the row again. The driver restarts the pod under the
+// supervisor, so a successful adoption returns the sandbox STARTING (READY
+// once the supervisor connects); a workload the user had suspended is
+// returned STOPPED.
 //
 // The agent's image and command stay those of the workload: a request
 // naming spec.command or spec.template.image is InvalidArgument (the
@@ -125,13 +128,37 @@ func (e *Engine) Adopt(ctx context.Context, req *openshellv1.AdoptSandboxRequest
 		return nil, adoptError(err)
 	}
 	e.log.Info("sandbox adopted", "sandbox_id", id, "name", name, "workspace", ws, "namespace", res.Sandbox.Namespace, "backend_uid", res.BackendUID)
-	e.hub.publish(id, Update{Sandbox: sb})
 	e.hub.publish(id, Update{Platform: adoptEvent(ReasonAdopted, res, e.now().UnixMilli())})
 	e.setBackend(id, backendView{present: true, sb: res.Sandbox})
+	// The driver restarted the pod through a suspension. The watcher still
+	// has those suspended snapshots queued (it waits for this gate), and
+	// composePhase would turn a PROVISIONING sandbox with a suspended
+	// backend into a sticky STOPPED. The restart is a start, so the
+	// sandbox is STARTING (like StartSandbox) until its supervisor
+	// connects. A Sandbox the user had suspended stays suspended: it is
+	// composed as STOPPED.
+	if !(backendView{present: true, sb: res.Sandbox}).suspended() {
+		if updated, err := e.mutate(ctx, id, e.markStarting); err == nil {
+			sb = updated
+		}
+	}
 	if updated, err := e.recompose(ctx, id); err == nil && updated != nil {
 		sb = updated
 	}
 	return sb, nil
+}
+
+// markStarting moves a sandbox whose pod the driver restarts to STARTING.
+func (e *Engine) markStarting(sb *openshellv1.Sandbox) bool {
+	switch sb.Status.Phase {
+	case openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPED, openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPING,
+		openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING, openshellv1.SandboxPhase_SANDBOX_PHASE_STARTING:
+		return false
+	}
+	sb.Status.Phase = openshellv1.SandboxPhase_SANDBOX_PHASE_STARTING
+	sb.Status.ExitCode = nil
+	setReadyCondition(sb.Status, &openshellv1.SandboxCondition{Type: compute.ConditionReady, Status: "False", Reason: "Starting", Message: "Pod restarting under the supervisor"}, e.now())
+	return true
 }
 
 // adoptExisting answers an adoption whose name is taken in the workspace:
@@ -162,12 +189,20 @@ func (e *Engine) adoptExisting(ctx context.Context, adopter compute.Adopter, req
 	}
 	unlock := e.gate(id)
 	defer unlock()
+	if sb.GetStatus().GetPhase() == openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING {
+		return nil, errdefs.FailedPrecondition(fmt.Sprintf("sandbox %q is being deleted", name))
+	}
 	if e.issuer != nil {
 		tok, _, err := e.issuer.Mint(id)
 		if err != nil {
 			return nil, fmt.Errorf("mint sandbox token: %w", err)
 		}
 		areq.Sandbox.Spec.SandboxToken = tok
+	}
+	// The pod restarts through a suspension while the old supervisor's
+	// session ends: STARTING first, so that neither reads as a stop.
+	if _, err := e.mutate(ctx, id, e.markStarting); err != nil {
+		return nil, err
 	}
 	areq.DryRun, areq.Reenrich = false, true
 	res, err = adopter.Adopt(ctx, areq)

@@ -26,6 +26,9 @@ type fakeAdopter struct {
 	dryErr    error // returned by dry runs
 	writeErr  error // returned by real runs
 	written   bool  // whether a failing real run still labelled the workload
+	suspended bool  // the workload is suspended by its owner
+	// duringWrite runs inside a real run (the pod restarting).
+	duringWrite func()
 }
 
 func (d *fakeAdopter) Adopt(_ context.Context, req compute.AdoptRequest) (compute.AdoptResult, error) {
@@ -40,11 +43,17 @@ func (d *fakeAdopter) Adopt(_ context.Context, req compute.AdoptRequest) (comput
 		return compute.AdoptResult{}, errdefs.FailedPrecondition("already managed as sandbox " + owner)
 	}
 	view := compute.Sandbox{ID: owner, Name: req.Sandbox.Name, Namespace: "ns", Status: compute.Status{SandboxName: req.Sandbox.Name, Conditions: ready("False", "PodNotReady")}}
+	if d.suspended {
+		view.Status.Conditions = append(ready("False", "Suspended"), compute.Condition{Type: compute.ConditionSuspended, Status: "True"})
+	}
 	if req.DryRun {
 		return compute.AdoptResult{Sandbox: view, BackendUID: "uid-1"}, d.dryErr
 	}
 	if d.writeErr != nil && !d.written {
 		return compute.AdoptResult{}, d.writeErr
+	}
+	if d.duringWrite != nil {
+		d.duringWrite()
 	}
 	d.workloads[req.Sandbox.Name] = req.Sandbox.ID
 	view.ID = req.Sandbox.ID
@@ -110,7 +119,7 @@ func TestAdopt(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := sb.GetMetadata().GetId()
-	if sb.GetStatus().GetPhase() != openshellv1.SandboxPhase_SANDBOX_PHASE_PROVISIONING || sb.GetMetadata().GetLabels()["team"] != "a" {
+	if sb.GetStatus().GetPhase() != openshellv1.SandboxPhase_SANDBOX_PHASE_STARTING || sb.GetMetadata().GetLabels()["team"] != "a" {
 		t.Errorf("adopted sandbox = %v", sb)
 	}
 	if len(d.calls) != 2 || !d.calls[0].DryRun || d.calls[1].DryRun || d.calls[1].AgentContainer != "agent" || d.calls[1].Namespace != "ns" {
@@ -126,11 +135,18 @@ func TestAdopt(t *testing.T) {
 	if len(evs) != 1 || evs[0].GetReason() != ReasonAdopted || !strings.Contains(evs[0].GetMessage(), "ns/bare (uid uid-1)") {
 		t.Errorf("events = %v", evs)
 	}
-	e.SessionChanged(ctx, id, true, "inst")
+	// Snapshots of the restart's suspension arrive late: still STARTING.
+	e.apply(ctx, compute.Event{Kind: compute.EventSandbox, Sandbox: compute.Sandbox{ID: id, Name: "bare", Status: compute.Status{
+		Conditions: append(ready("False", "Suspended"), compute.Condition{Type: compute.ConditionSuspended, Status: "True"}),
+	}}})
+	if got := phase(t, e, "bare"); got != openshellv1.SandboxPhase_SANDBOX_PHASE_STARTING {
+		t.Errorf("phase after a late suspended snapshot = %v, want STARTING", got)
+	}
 	d.set(id, ready("True", "Running"))
 	e.refreshBackend(ctx, sb)
-	if got, _ := e.recompose(ctx, id); got.GetStatus().GetPhase() != openshellv1.SandboxPhase_SANDBOX_PHASE_READY {
-		t.Errorf("phase with backend ready and session = %v", got.GetStatus().GetPhase())
+	e.SessionChanged(ctx, id, true, "inst")
+	if got := phase(t, e, "bare"); got != openshellv1.SandboxPhase_SANDBOX_PHASE_READY {
+		t.Errorf("phase with backend ready and session = %v", got)
 	}
 
 	// Again: the same sandbox, nothing written, no token minted.
@@ -142,7 +158,9 @@ func TestAdopt(t *testing.T) {
 	if d.realCalls() != 1 || iss.n != mints {
 		t.Errorf("adopt again wrote %d times, minted %d tokens", d.realCalls()-1, iss.n-mints)
 	}
-	// Re-enrich: one more real call with Reenrich, same id, an event.
+	// Re-enrich: one more real call with Reenrich, same id, an event. The
+	// old supervisor's session ends while the pod restarts: not a stop.
+	d.duringWrite = func() { e.SessionChanged(ctx, id, false, "") }
 	re, err := e.Adopt(ctx, &openshellv1.AdoptSandboxRequest{Name: "bare", Reenrich: true})
 	if err != nil || re.GetMetadata().GetId() != id {
 		t.Fatalf("reenrich = %v, %v", re, err)
@@ -153,8 +171,23 @@ func TestAdopt(t *testing.T) {
 	if evs := e.EventTail(id, 0); evs[len(evs)-1].GetReason() != ReasonReenriched {
 		t.Errorf("last event = %v", evs[len(evs)-1])
 	}
+	if got := re.GetStatus().GetPhase(); got != openshellv1.SandboxPhase_SANDBOX_PHASE_STARTING {
+		t.Errorf("phase during the re-enrich restart = %v, want STARTING", got)
+	}
 	if len(st.rows) != 1 {
 		t.Errorf("rows = %d, want 1", len(st.rows))
+	}
+}
+
+func TestAdoptSuspendedWorkloadIsStopped(t *testing.T) {
+	e, _, d, _ := newAdoptEngine(t)
+	d.suspended = true
+	sb, err := e.Adopt(t.Context(), &openshellv1.AdoptSandboxRequest{Name: "bare"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := sb.GetStatus().GetPhase(); got != openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPED {
+		t.Errorf("adopting a suspended workload: phase %v, want STOPPED", got)
 	}
 }
 
