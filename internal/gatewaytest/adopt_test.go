@@ -120,7 +120,8 @@ func TestAdoptOnProcessDriver(t *testing.T) {
 // claim, annotation, env and port, gains the labels and the supervisor, its
 // pod is recreated, the sandbox turns READY and exec works. Refusals
 // (adoption disabled, missing CR, ambiguous container) leave no record and
-// do not write the CR; adopting twice returns the same sandbox.
+// do not write the CR; adopting twice returns the same sandbox; re-enriching
+// restarts the pod under a new supervisor and the sandbox is READY again.
 func TestKubernetesAdopt(t *testing.T) {
 	c := k8stest.Start(t, k8stest.Options{Controller: true})
 	ns := c.CreateNamespace(t, "")
@@ -244,7 +245,7 @@ func TestKubernetesAdopt(t *testing.T) {
 
 	// Ready pod + real supervisor with a token bound to the new pod.
 	c.MarkPodReady(t, ns, name)
-	k.runPodSupervisor(t, pod, c.BoundToken(t, ns, kubeSandboxSA, pod.Name, pod.UID, "openshell-gateway", time.Hour))
+	stopSupervisor := k.runPodSupervisor(t, pod, c.BoundToken(t, ns, kubeSandboxSA, pod.Name, pod.UID, "openshell-gateway", time.Hour))
 	WaitPhase(ctx, t, cl, name, openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 2*time.Minute)
 	stdout, stderr, code, err := Exec(ctx, t, cl, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"echo", "adopted"}})
 	if err != nil || code != 0 || strings.TrimSpace(stdout) != "adopted" {
@@ -286,6 +287,34 @@ func TestKubernetesAdopt(t *testing.T) {
 	if err != nil || len(l.GetSandboxes()) != 1 {
 		t.Errorf("ListSandboxes after adopting twice = %d records, %v; want 1", len(l.GetSandboxes()), err)
 	}
+
+	// Re-enrich (a supervisor upgrade): same sandbox and CR, the pod is
+	// recreated again, the new pod's supervisor makes it READY again.
+	re, err := cl.AdoptSandbox(ctx, &openshellv1.AdoptSandboxRequest{Name: name, Namespace: ns, Reenrich: true})
+	if err != nil || re.GetSandbox().GetMetadata().GetId() != id {
+		t.Fatalf("AdoptSandbox(reenrich) = %v, %v; want sandbox %s", re.GetSandbox().GetMetadata(), err, id)
+	}
+	if ph := re.GetSandbox().GetStatus().GetPhase(); ph != openshellv1.SandboxPhase_SANDBOX_PHASE_STARTING {
+		t.Errorf("phase after reenrich = %v, want STARTING", ph)
+	}
+	stopSupervisor() // the old pod is gone, and with it its supervisor
+	var pod3 *corev1.Pod
+	c.Eventually(t, func(ctx context.Context) (bool, error) {
+		p, err := c.Clientset.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil //nolint:nilerr // not recreated yet: keep polling
+		}
+		pod3 = p
+		return p.UID != pod.UID, nil
+	}, "the pod of %s to be recreated by the re-enrichment", name)
+	c.MarkPodReady(t, ns, name)
+	k.runPodSupervisor(t, pod3, c.BoundToken(t, ns, kubeSandboxSA, pod3.Name, pod3.UID, "openshell-gateway", time.Hour))
+	WaitPhase(ctx, t, cl, name, openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 2*time.Minute)
+	stdout, stderr, code, err = Exec(ctx, t, cl, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"echo", "reenriched"}})
+	if err != nil || code != 0 || strings.TrimSpace(stdout) != "reenriched" {
+		t.Fatalf("Exec(echo reenriched) = %q, %q, %d, %v", stdout, stderr, code, err)
+	}
+
 	// The CR is not deleted by anything above.
 	if got := getCR(t, k, name); got.GetUID() != bare.GetUID() {
 		t.Errorf("CR UID %s, want %s", got.GetUID(), bare.GetUID())

@@ -14,6 +14,10 @@ import (
 	"github.com/openshell-go/openshell/internal/errdefs"
 )
 
+// restartingInstance stands in for the main process instance while a
+// re-enrichment restarts the pod (see adoptExisting).
+const restartingInstance = "restarting"
+
 // ReasonAdopted is the reason of the platform event published when an
 // existing backend workload is adopted (or re-enriched).
 const (
@@ -200,14 +204,43 @@ func (e *Engine) adoptExisting(ctx context.Context, adopter compute.Adopter, req
 		areq.Sandbox.Spec.SandboxToken = tok
 	}
 	// The pod restarts through a suspension while the old supervisor's
-	// session ends: STARTING first, so that neither reads as a stop.
-	if _, err := e.mutate(ctx, id, e.markStarting); err != nil {
+	// session ends: STARTING first, so that neither reads as a stop. The
+	// old supervisor reports its main process's exit when its pod is
+	// deleted; replacing the recorded instance makes that report stale
+	// (ignored) instead of an ERROR. The next session records its own.
+	if _, err := e.mutate(ctx, id, func(sb *openshellv1.Sandbox) bool {
+		if !e.markStarting(sb) {
+			return false
+		}
+		if sb.Status.MainProcessInstanceId != "" {
+			sb.Status.MainProcessInstanceId = restartingInstance
+		}
+		return true
+	}); err != nil {
 		return nil, err
 	}
+	e.stateMu.Lock()
+	oldSession, hadSession := e.sessions[id]
+	e.stateMu.Unlock()
 	areq.DryRun, areq.Reenrich = false, true
 	res, err = adopter.Adopt(ctx, areq)
 	if err != nil {
+		// Compose again so that a still connected supervisor's instance
+		// is recorded again.
+		e.refreshBackend(ctx, sb)
+		_, _ = e.recompose(ctx, id)
 		return nil, adoptError(err)
+	}
+	// The driver waited until the old pod was gone: a session of the
+	// supervisor that ran in it is stale even if its end has not been
+	// reported yet. Left in place it would compose READY, and the
+	// restart's queued suspended snapshots would then read as a stop.
+	if hadSession {
+		e.stateMu.Lock()
+		if cur, ok := e.sessions[id]; ok && cur == oldSession {
+			delete(e.sessions, id)
+		}
+		e.stateMu.Unlock()
 	}
 	e.log.Info("sandbox re-enriched", "sandbox_id", id, "name", name, "workspace", ws, "backend_uid", res.BackendUID)
 	e.hub.publish(id, Update{Platform: adoptEvent(ReasonReenriched, res, e.now().UnixMilli())})

@@ -159,8 +159,10 @@ func TestAdopt(t *testing.T) {
 		t.Errorf("adopt again wrote %d times, minted %d tokens", d.realCalls()-1, iss.n-mints)
 	}
 	// Re-enrich: one more real call with Reenrich, same id, an event. The
-	// old supervisor's session ends while the pod restarts: not a stop.
-	d.duringWrite = func() { e.SessionChanged(ctx, id, false, "") }
+	// old supervisor's session has not been reported as ended when the
+	// driver returns; the restart's suspended snapshots arrive late: the
+	// sandbox stays STARTING, then READY with the new supervisor.
+	d.duringWrite = func() {}
 	re, err := e.Adopt(ctx, &openshellv1.AdoptSandboxRequest{Name: "bare", Reenrich: true})
 	if err != nil || re.GetMetadata().GetId() != id {
 		t.Fatalf("reenrich = %v, %v", re, err)
@@ -173,6 +175,23 @@ func TestAdopt(t *testing.T) {
 	}
 	if got := re.GetStatus().GetPhase(); got != openshellv1.SandboxPhase_SANDBOX_PHASE_STARTING {
 		t.Errorf("phase during the re-enrich restart = %v, want STARTING", got)
+	}
+	e.apply(ctx, compute.Event{Kind: compute.EventSandbox, Sandbox: compute.Sandbox{ID: id, Name: "bare", Status: compute.Status{
+		Conditions: append(ready("False", "Suspended"), compute.Condition{Type: compute.ConditionSuspended, Status: "True"}),
+	}}})
+	// The old supervisor reports its main process's exit (SIGTERM) and
+	// its session's end, late: neither is an ERROR or a stop.
+	if err := e.ReportMainProcessExit(ctx, id, "inst", 143); errdefs.Code(err) != codes.FailedPrecondition {
+		t.Errorf("old instance's exit report = %v, want FailedPrecondition (stale)", err)
+	}
+	e.SessionChanged(ctx, id, false, "")
+	if got := phase(t, e, "bare"); got != openshellv1.SandboxPhase_SANDBOX_PHASE_STARTING {
+		t.Errorf("phase after late restart snapshots = %v, want STARTING", got)
+	}
+	e.SessionChanged(ctx, id, true, "inst-2")
+	got, _ := e.Get(ctx, "", "bare")
+	if got.GetStatus().GetPhase() != openshellv1.SandboxPhase_SANDBOX_PHASE_READY || got.GetStatus().GetMainProcessInstanceId() != "inst-2" {
+		t.Errorf("with the new supervisor: phase %v instance %q, want READY inst-2", got.GetStatus().GetPhase(), got.GetStatus().GetMainProcessInstanceId())
 	}
 	if len(st.rows) != 1 {
 		t.Errorf("rows = %d, want 1", len(st.rows))
