@@ -386,6 +386,8 @@ func TestComposePhase(t *testing.T) {
 		{"stopping while running", openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPING, present(readyC), true, openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPING},
 		{"starting waits for session", openshellv1.SandboxPhase_SANDBOX_PHASE_STARTING, present(readyC), false, openshellv1.SandboxPhase_SANDBOX_PHASE_STARTING},
 		{"deleting stays", openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING, present(readyC), true, openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING},
+		{"session beats stale suspended snapshot", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, present(compute.Condition{Type: "Suspended", Status: "True"}), true, openshellv1.SandboxPhase_SANDBOX_PHASE_READY},
+		{"suspended without session", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, present(compute.Condition{Type: "Suspended", Status: "True"}), false, openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPED},
 		{"backend deleting", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, backendView{present: true, sb: compute.Sandbox{Status: compute.Status{Deleting: true}}}, true, openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING},
 	}
 	for _, tt := range tests {

@@ -89,13 +89,15 @@ func composePhase(current openshellv1.SandboxPhase, b backendView, session bool)
 	if c, ok := b.terminal(); ok {
 		return openshellv1.SandboxPhase_SANDBOX_PHASE_ERROR, ready("False", c.Reason, c.Message)
 	}
+	if session {
+		// A live session beats a lagging backend snapshot, including a
+		// stale "suspended" one from a restart the gateway itself did.
+		return openshellv1.SandboxPhase_SANDBOX_PHASE_READY, ready("True", ReasonDependenciesReady, "Supervisor session connected")
+	}
 	if b.suspended() && current != openshellv1.SandboxPhase_SANDBOX_PHASE_STARTING {
 		return openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPED, ready("False", "Stopped", "Sandbox is stopped")
 	}
 	switch {
-	case session:
-		// A live session beats a lagging backend snapshot.
-		return openshellv1.SandboxPhase_SANDBOX_PHASE_READY, ready("True", ReasonDependenciesReady, "Supervisor session connected")
 	case b.ready():
 		phase := openshellv1.SandboxPhase_SANDBOX_PHASE_PROVISIONING
 		if current == openshellv1.SandboxPhase_SANDBOX_PHASE_STARTING {
