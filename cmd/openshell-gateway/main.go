@@ -3,6 +3,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -18,7 +20,9 @@ func main() {
 	// handlers makes a second one end the process at once.
 	context.AfterFunc(ctx, stop)
 	if err := gateway.Run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintf(os.Stderr, "openshell-gateway: %v\n", err)
+		if !errors.Is(err, flag.ErrHelp) { // --help already printed the usage
+			fmt.Fprintf(os.Stderr, "openshell-gateway: %v\n", err)
+		}
 		os.Exit(gateway.ExitCode(err))
 	}
 }

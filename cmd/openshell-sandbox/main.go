@@ -3,6 +3,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -15,7 +17,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := supervisor.Run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintf(os.Stderr, "openshell-sandbox: %v\n", err)
+		if !errors.Is(err, flag.ErrHelp) { // --help already printed the usage
+			fmt.Fprintf(os.Stderr, "openshell-sandbox: %v\n", err)
+		}
 		os.Exit(supervisor.ExitCode(err))
 	}
 }

@@ -188,7 +188,7 @@ func parseFlags(args []string, output io.Writer) (map[string][]string, error) {
 // Usage writes the gateway's --help text: every flag with its environment
 // variable and default.
 func Usage(w io.Writer) {
-	_, _ = fmt.Fprintf(w, "Usage: openshell-gateway [flags]\n       openshell-gateway generate-certs --output-dir DIR [--server-san NAME]... [--dry-run]\n\n")
+	_, _ = fmt.Fprintf(w, "Usage: openshell-gateway [flags]\n       openshell-gateway generate-certs (--output-dir DIR | --namespace NS --server-secret-name S --client-secret-name S --jwt-secret-name S [--jwt-only]) [--server-san NAME]... [--dry-run]\n       openshell-gateway driver serve --driver NAME --socket PATH [--config FILE] [--state-dir DIR] [--gateway-endpoint URL]\n\n")
 	_, _ = fmt.Fprintf(w, "Precedence: flag > OPENSHELL_* environment > TOML config file > default.\n\nFlags:\n")
 	for _, sp := range specs {
 		name := "--" + sp.name
