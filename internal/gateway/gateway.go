@@ -192,6 +192,7 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	sandboxes := sandboxapi.New(sandboxapi.Options{
 		Engine: engine, Relay: relays, Logs: sandboxlog.New(0), Store: st, Minter: apiMinter,
 		SSHSessionTTL: cfg.SSHSessionTTL, GatewayHost: host, GatewayPort: port, GatewayScheme: scheme, Logger: logger,
+		OIDC: cfg.OIDC.Enabled(), AdminRole: cfg.OIDC.AdminRole,
 	})
 
 	// Drivers whose sandboxes bootstrap from a platform identity (the

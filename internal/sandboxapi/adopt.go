@@ -12,6 +12,9 @@ import (
 // have already applied the method's rule (bearer, sandbox:write, workspace
 // admin); the lifecycle engine does the rest.
 func (s *Service) AdoptSandbox(ctx context.Context, req *openshellv1.AdoptSandboxRequest) (*openshellv1.SandboxResponse, error) {
+	if err := s.authorizeCreate(ctx, req.GetWorkspace(), openshellv1.WorkspaceRole_WORKSPACE_ROLE_ADMIN); err != nil {
+		return nil, err
+	}
 	sb, err := s.o.Engine.Adopt(ctx, req)
 	if err != nil {
 		return nil, err

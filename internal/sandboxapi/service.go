@@ -48,8 +48,13 @@ type Options struct {
 	// Connection caps for ForwardTcp (0 = defaults).
 	MaxForwardsPerToken   int
 	MaxForwardsPerSandbox int
-	Logger                *slog.Logger
-	Now                   func() time.Time
+	// OIDC turns workspace membership checks on; AdminRole is the role
+	// that makes a principal a platform admin (membership bypassed; an
+	// empty AdminRole bypasses for everyone, as upstream).
+	OIDC      bool
+	AdminRole string
+	Logger    *slog.Logger
+	Now       func() time.Time
 }
 
 // Service implements the sandbox RPCs of openshellv1.OpenShellServer.
@@ -135,11 +140,21 @@ func (s *Service) sandboxForCaller(ctx context.Context, id string) (*openshellv1
 	if err := ensureSandboxScope(ctx, id); err != nil {
 		return nil, err
 	}
-	return s.o.Engine.GetByID(ctx, id)
+	sb, err := s.o.Engine.GetByID(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.authorizeSandboxRecord(ctx, sb); err != nil {
+		return nil, err
+	}
+	return sb, nil
 }
 
 // CreateSandbox creates a sandbox.
 func (s *Service) CreateSandbox(ctx context.Context, req *openshellv1.CreateSandboxRequest) (*openshellv1.SandboxResponse, error) {
+	if err := s.authorizeCreate(ctx, req.GetWorkspace(), openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER); err != nil {
+		return nil, err
+	}
 	sb, err := s.o.Engine.Create(ctx, req)
 	if err != nil {
 		return nil, err
@@ -150,6 +165,9 @@ func (s *Service) CreateSandbox(ctx context.Context, req *openshellv1.CreateSand
 
 // GetSandbox returns a sandbox by name.
 func (s *Service) GetSandbox(ctx context.Context, req *openshellv1.GetSandboxRequest) (*openshellv1.SandboxResponse, error) {
+	if err := s.authorizeSandbox(ctx, req.GetWorkspace(), req.GetName(), openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER); err != nil {
+		return nil, err
+	}
 	sb, err := s.o.Engine.Get(ctx, req.GetWorkspace(), req.GetName())
 	if err != nil {
 		return nil, err
@@ -160,8 +178,13 @@ func (s *Service) GetSandbox(ctx context.Context, req *openshellv1.GetSandboxReq
 // ListSandboxes lists sandboxes of a workspace, or of all workspaces for
 // platform admins.
 func (s *Service) ListSandboxes(ctx context.Context, req *openshellv1.ListSandboxesRequest) (*openshellv1.ListSandboxesResponse, error) {
-	if req.GetAllWorkspaces() && !isPlatformAdmin(ctx) {
+	if req.GetAllWorkspaces() && !s.platformAdmin(ctx) {
 		return nil, errdefs.PermissionDenied("all_workspaces requires the platform admin role")
+	}
+	if !req.GetAllWorkspaces() {
+		if err := s.authorizeWorkspace(ctx, req.GetWorkspace(), openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER); err != nil {
+			return nil, err
+		}
 	}
 	if req.GetLimit() > store.MaxLimit {
 		return nil, errdefs.InvalidArgument(fmt.Sprintf("limit exceeds maximum (%d > %d)", req.GetLimit(), store.MaxLimit))
@@ -176,26 +199,11 @@ func (s *Service) ListSandboxes(ctx context.Context, req *openshellv1.ListSandbo
 	return &openshellv1.ListSandboxesResponse{Sandboxes: list}, nil
 }
 
-// isPlatformAdmin: the local dev user and OIDC/mTLS principals carrying the
-// admin role.
-func isPlatformAdmin(ctx context.Context) bool {
-	p, ok := auth.FromContext(ctx)
-	if !ok || p.IsSandbox() {
-		return false
-	}
-	if p.Source == auth.SourceLocalDev {
-		return true
-	}
-	for _, r := range p.Roles {
-		if r == "openshell-admin" || r == "platform_admin" {
-			return true
-		}
-	}
-	return false
-}
-
 // DeleteSandbox deletes a sandbox by name.
 func (s *Service) DeleteSandbox(ctx context.Context, req *openshellv1.DeleteSandboxRequest) (*openshellv1.DeleteSandboxResponse, error) {
+	if err := s.authorizeSandbox(ctx, req.GetWorkspace(), req.GetName(), openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER); err != nil {
+		return nil, err
+	}
 	sb, err := s.o.Engine.Get(ctx, req.GetWorkspace(), req.GetName())
 	if err != nil {
 		return nil, err
@@ -211,6 +219,9 @@ func (s *Service) DeleteSandbox(ctx context.Context, req *openshellv1.DeleteSand
 
 // StopSandbox stops a sandbox, keeping its workspace.
 func (s *Service) StopSandbox(ctx context.Context, req *openshellv1.StopSandboxRequest) (*openshellv1.SandboxResponse, error) {
+	if err := s.authorizeSandbox(ctx, req.GetWorkspace(), req.GetName(), openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER); err != nil {
+		return nil, err
+	}
 	sb, err := s.o.Engine.Stop(ctx, req.GetWorkspace(), req.GetName())
 	if err != nil {
 		return nil, err
@@ -220,6 +231,9 @@ func (s *Service) StopSandbox(ctx context.Context, req *openshellv1.StopSandboxR
 
 // StartSandbox starts a stopped sandbox.
 func (s *Service) StartSandbox(ctx context.Context, req *openshellv1.StartSandboxRequest) (*openshellv1.SandboxResponse, error) {
+	if err := s.authorizeSandbox(ctx, req.GetWorkspace(), req.GetName(), openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER); err != nil {
+		return nil, err
+	}
 	sb, err := s.o.Engine.Start(ctx, req.GetWorkspace(), req.GetName())
 	if err != nil {
 		return nil, err
@@ -230,6 +244,9 @@ func (s *Service) StartSandbox(ctx context.Context, req *openshellv1.StartSandbo
 // ListSandboxProviders lists providers attached to a sandbox. Providers
 // are not implemented yet, so the list is empty for an existing sandbox.
 func (s *Service) ListSandboxProviders(ctx context.Context, req *openshellv1.ListSandboxProvidersRequest) (*openshellv1.ListSandboxProvidersResponse, error) {
+	if err := s.authorizeSandbox(ctx, req.GetWorkspace(), req.GetSandboxName(), openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER); err != nil {
+		return nil, err
+	}
 	if _, err := s.o.Engine.Get(ctx, req.GetWorkspace(), req.GetSandboxName()); err != nil {
 		return nil, err
 	}

@@ -174,7 +174,9 @@ func (s *Service) UpdateConfig(ctx context.Context, req *openshellv1.UpdateConfi
 			return nil, errCrossSandbox
 		}
 	} else {
-		sb, err = s.o.Engine.Get(ctx, req.GetWorkspace(), req.GetName())
+		if err = s.authorizeSandbox(ctx, req.GetWorkspace(), req.GetName(), openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER); err == nil {
+			sb, err = s.o.Engine.Get(ctx, req.GetWorkspace(), req.GetName())
+		}
 	}
 	if err != nil {
 		return nil, err
