@@ -57,8 +57,8 @@ func (d *Driver) Watch(ctx context.Context) (<-chan compute.Event, func() error,
 	})
 	w := &watcher{d: d, ctx: ctx, out: make(chan compute.Event, 64), crs: crInf.GetStore(), pods: podInf.GetStore()}
 	if _, err := crInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { w.crChanged(o) },
-		UpdateFunc: func(_, o any) { w.crChanged(o) },
+		AddFunc:    func(o any) { w.crChanged(o, true) },
+		UpdateFunc: func(_, o any) { w.crChanged(o, false) },
 		DeleteFunc: w.crDeleted,
 	}); err != nil {
 		return nil, nil, err
@@ -107,14 +107,22 @@ func (w *watcher) podOf(cr *unstructured.Unstructured) *corev1.Pod {
 	return pod
 }
 
-func (w *watcher) crChanged(o any) {
+func (w *watcher) crChanged(o any, added bool) {
 	cr, ok := o.(*unstructured.Unstructured)
 	if !ok || !w.d.nsv.Accepts(cr.GetNamespace()) || cr.GetLabels()[LabelSandboxID] == "" {
 		return
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	sb := w.d.view(cr, w.podOf(cr))
+	pod := w.podOf(cr)
+	// The two informers are independent: a pod may be seen before its CR,
+	// and podChanged then drops it. Replay its progress when the CR shows up.
+	if added && pod != nil {
+		if ev, ok := progressEvent(pod, "", false, false); ok {
+			w.send(compute.Event{Kind: compute.EventPlatform, SandboxID: cr.GetLabels()[LabelSandboxID], Platform: ev})
+		}
+	}
+	sb := w.d.view(cr, pod)
 	w.send(compute.Event{Kind: compute.EventSandbox, SandboxID: sb.ID, Sandbox: sb})
 }
 
