@@ -204,7 +204,13 @@ func (e *Engine) Create(ctx context.Context, req *openshellv1.CreateSandboxReque
 	}
 	unlock := e.gate(sb.Metadata.Id)
 	defer unlock()
-	if err := e.driver.Create(ctx, dsb); err != nil {
+	// Backend scope for the workspace (a namespace in the kubernetes
+	// driver's managed mode); idempotent, a no-op for other drivers.
+	err = e.driver.EnsureWorkspace(ctx, ws)
+	if err == nil {
+		err = e.driver.Create(ctx, dsb)
+	}
+	if err != nil {
 		// Compensate: the request failed, so nothing may remain.
 		if _, derr := e.driver.Delete(context.WithoutCancel(ctx), compute.Ref{ID: sb.Metadata.Id, Name: name}); derr != nil {
 			e.log.Warn("cleanup after failed create: driver delete", "sandbox_id", sb.Metadata.Id, "err", derr)
@@ -657,4 +663,13 @@ func (e *Engine) EventTail(id string, n int) []*openshellv1.PlatformEvent {
 // PublishPlatformEvent records a gateway-side platform event.
 func (e *Engine) PublishPlatformEvent(id string, ev *openshellv1.PlatformEvent) {
 	e.hub.publish(id, Update{Platform: ev})
+}
+
+// DeleteWorkspace releases the backend scope of a workspace that no longer
+// holds sandboxes.
+func (e *Engine) DeleteWorkspace(ctx context.Context, workspace string) error {
+	if err := e.driver.DeleteWorkspace(ctx, workspace); err != nil {
+		return driverError("delete workspace", err)
+	}
+	return nil
 }

@@ -234,6 +234,11 @@ func (s *Service) DeleteWorkspace(ctx context.Context, req *openshellv1.DeleteWo
 			return nil, err
 		}
 	}
+	if s.o.Engine != nil {
+		if err := s.o.Engine.DeleteWorkspace(ctx, name); err != nil {
+			return nil, err
+		}
+	}
 	deleted, err := s.o.Store.Delete(ctx, store.TypeWorkspace, workspaceID(name))
 	if err != nil {
 		return nil, err
