@@ -10,6 +10,11 @@ cleanup=()
 on_exit() { for ((i=${#cleanup[@]}-1; i>=0; i--)); do eval "${cleanup[i]}" || true; done; }
 trap on_exit EXIT
 
+# Packages first (root + apt-get), so `make test` alone sets up a fresh machine.
+if ! "$root/test/install-deps.sh"; then
+  [ "${CI:-}" = "true" ] && { echo "test: required packages are missing (CI=true)" >&2; exit 1; }
+fi
+
 need() { # need NAME CMD... : start a component; fail under CI, warn otherwise
   local name="$1"; shift
   if ! "$@"; then

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the test suites need when they are missing:
+# protoc (regenerate-and-diff), PostgreSQL (store and gateway suites),
+# OpenSSH client (CLI ssh-config test), busybox-static (rootfs sandboxes).
+# Needs root and apt-get; otherwise it says what to install and returns 1.
+set -euo pipefail
+pkgs=()
+command -v protoc >/dev/null 2>&1 || pkgs+=(protobuf-compiler)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || pkgs+=(postgresql)
+command -v ssh >/dev/null 2>&1 || pkgs+=(openssh-client)
+command -v python3 >/dev/null 2>&1 || pkgs+=(python3)
+[ -x /bin/busybox ] || pkgs+=(busybox-static)
+if [ "${#pkgs[@]}" -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+  echo "test: missing packages: ${pkgs[*]} (install them with apt-get as root)" >&2
+  exit 1
+fi
+echo "test: installing ${pkgs[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+# Debian starts a default cluster on install; the tests use their own.
+service postgresql stop >/dev/null 2>&1 || true
