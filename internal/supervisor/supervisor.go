@@ -213,6 +213,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fs := flag.NewFlagSet("openshell-sandbox", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() { usage(stderr) }
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -376,4 +377,36 @@ func loginShell() []string {
 		return []string{"/bin/bash", "-l"}
 	}
 	return []string{"/bin/sh", "-l"}
+}
+
+// usage documents the supervisor's command line and its environment
+// contract (compute drivers start it with no arguments).
+func usage(w io.Writer) {
+	_, _ = fmt.Fprint(w, `Usage: openshell-sandbox [--version]
+       openshell-sandbox copy-self DESTINATION
+
+openshell-sandbox runs inside every sandbox: it dials the gateway, keeps a
+supervisor session, serves SSH over gateway relays and runs the main process.
+Compute drivers start it with no arguments and this environment:
+
+  `+EnvEndpoint+`        gateway endpoint: unix:///path, http://host:port or https://host:port
+  `+EnvTLSCA+`, `+EnvTLSCert+`, `+EnvTLSKey+`   TLS material for https endpoints
+  `+EnvSandboxID+`      sandbox id (required)
+  `+EnvSandboxName+`    sandbox name
+  `+EnvInstanceID+`     id of this incarnation (default: a new UUID)
+  `+EnvTokenFile+`  file holding the sandbox JWT (or `+EnvToken+`)
+  `+EnvK8sSATokenFile+`   projected ServiceAccount token, exchanged via IssueSandboxToken
+  `+EnvWorkspaceDir+`   workspace directory (working directory of the main process)
+  `+EnvCommand+`  main process argv as a JSON array (default /bin/bash -l)
+  `+EnvTTY+`      "true" to run the main process on a PTY
+  `+EnvSSHSocket+`       Unix socket of the SSH server (default: a private temp dir)
+  `+EnvStartupTimeout+`  how long to retry the initial config fetch (default 2m)
+  `+EnvHostname+`   hostname to set (own uts namespace)
+  `+EnvPrivateTmp+`      "true": private /tmp and read-only system directories (own mount namespace)
+  `+EnvRootfs+`           local root filesystem image to pivot into
+  `+EnvLogLevel+`        log level (debug, info, warn, error)
+
+Flags:
+  --version   print the version and exit
+`)
 }
