@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -177,13 +178,23 @@ func parseFlags(args []string, output io.Writer) (map[string][]string, error) {
 	}
 	fs.Usage = func() { Usage(output) }
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, &UsageError{Err: err}
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return nil, &UsageError{Err: fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
 	return vals, nil
 }
+
+// UsageError is a malformed command line (as opposed to a configuration
+// that parses but is invalid); commands exit with status 2 for it.
+type UsageError struct{ Err error }
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+func (e *UsageError) Unwrap() error { return e.Err }
 
 // Usage writes the gateway's --help text: every flag with its environment
 // variable and default.

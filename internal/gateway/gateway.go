@@ -70,7 +70,8 @@ func ExitCode(err error) int {
 		return 0
 	}
 	var ue *usageError
-	if errors.As(err, &ue) {
+	var cue *config.UsageError
+	if errors.As(err, &ue) || errors.As(err, &cue) {
 		return 2
 	}
 	return 1
