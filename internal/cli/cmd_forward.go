@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/openshell-go/openshell/internal/atomicfile"
 )
 
 func (a *app) newForwardCmd() *cobra.Command {
@@ -207,7 +209,7 @@ func (a *app) startBackgroundForward(ctx context.Context, name string, local, re
 	}
 	st := forwardState{PID: child.Process.Pid, Sandbox: name, Workspace: a.workspace, Gateway: gw, Local: local, Remote: remote, LogFile: logPath, StartedAt: a.now().UTC()}
 	b, _ := json.MarshalIndent(st, "", "  ")
-	if err := writeFileAtomic(statePath, append(b, '\n'), 0o600); err != nil {
+	if err := atomicfile.Write(statePath, append(b, '\n'), 0o600); err != nil {
 		return err
 	}
 	// The child keeps running after we exit; release it.

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/term"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/atomicfile"
 )
 
 // sshUser is the account the supervisor's SSH server accepts.
@@ -252,7 +253,7 @@ directory, never on the command line.`,
 			}
 			_ = os.Chmod(dir, 0o700)
 			tokenFile := filepath.Join(dir, id+".token")
-			if err := writeFileAtomic(tokenFile, []byte(sess.GetToken()+"\n"), 0o600); err != nil {
+			if err := atomicfile.Write(tokenFile, []byte(sess.GetToken()+"\n"), 0o600); err != nil {
 				return err
 			}
 			exe, err := a.executable()

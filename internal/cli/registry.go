@@ -13,6 +13,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/openshell-go/openshell/internal/atomicfile"
 )
 
 // DefaultSystemGatewayDir is the read-only system gateway registry root.
@@ -235,7 +237,7 @@ func (r *registry) Select(name string) error {
 	if err := os.MkdirAll(r.userDir, 0o700); err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(r.userDir, "active_gateway"), []byte(name+"\n"), 0o600)
+	return atomicfile.Write(filepath.Join(r.userDir, "active_gateway"), []byte(name+"\n"), 0o600)
 }
 
 // addOptions are the inputs of Add.
@@ -330,26 +332,4 @@ func (r *registry) Remove(name string) error {
 		}
 	}
 	return nil
-}
-
-// writeFileAtomic writes b to path with perm through a rename.
-func writeFileAtomic(path string, b []byte, perm os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer func() { _ = os.Remove(tmp) }() // fails harmlessly after the rename
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }

@@ -253,54 +253,47 @@ func (s *Service) GetSandboxProviderEnvironment(ctx context.Context, req *opensh
 
 // RefreshSandboxToken mints a fresh JWT for the calling sandbox.
 func (s *Service) RefreshSandboxToken(ctx context.Context, _ *openshellv1.RefreshSandboxTokenRequest) (*openshellv1.RefreshSandboxTokenResponse, error) {
-	p, ok := auth.FromContext(ctx)
-	if !ok || !p.IsSandbox() {
-		return nil, errdefs.PermissionDenied("this method requires a sandbox principal")
-	}
-	if p.Source != auth.SourceSandboxJWT {
-		return nil, errdefs.PermissionDenied("only a sandbox JWT can be refreshed")
-	}
-	if s.o.Minter == nil {
-		return nil, errdefs.Unavailable("sandbox JWT minting is not configured on this gateway")
-	}
-	if err := s.o.Engine.SandboxExists(ctx, p.SandboxID); err != nil {
+	tok, expMs, err := s.mintFor(ctx, auth.SourceSandboxJWT, "only a sandbox JWT can be refreshed")
+	if err != nil {
 		return nil, err
 	}
-	tok, exp, err := s.o.Minter.Mint(p.SandboxID)
-	if err != nil {
-		return nil, fmt.Errorf("mint sandbox token: %w", err)
-	}
-	resp := &openshellv1.RefreshSandboxTokenResponse{Token: tok}
-	if !exp.IsZero() {
-		resp.ExpiresAtMs = exp.UnixMilli()
-	}
-	return resp, nil
+	return &openshellv1.RefreshSandboxTokenResponse{Token: tok, ExpiresAtMs: expMs}, nil
 }
 
 // IssueSandboxToken exchanges a Kubernetes ServiceAccount token for a
 // sandbox JWT. The exchange itself is authenticated by the Kubernetes
 // bootstrap authenticator; any other principal is refused.
 func (s *Service) IssueSandboxToken(ctx context.Context, _ *openshellv1.IssueSandboxTokenRequest) (*openshellv1.IssueSandboxTokenResponse, error) {
+	tok, expMs, err := s.mintFor(ctx, auth.SourceK8sSABootstrap, "this principal cannot mint a sandbox token; use RefreshSandboxToken")
+	if err != nil {
+		return nil, err
+	}
+	return &openshellv1.IssueSandboxTokenResponse{Token: tok, ExpiresAtMs: expMs}, nil
+}
+
+// mintFor mints a JWT for the calling sandbox principal, which must have
+// authenticated through source (refused with refusal otherwise) and whose
+// sandbox must still exist. expiresAtMs is 0 for non-expiring tokens.
+func (s *Service) mintFor(ctx context.Context, source auth.Source, refusal string) (token string, expiresAtMs int64, err error) {
 	p, ok := auth.FromContext(ctx)
 	if !ok || !p.IsSandbox() {
-		return nil, errdefs.PermissionDenied("this method requires a sandbox principal")
+		return "", 0, errdefs.PermissionDenied("this method requires a sandbox principal")
 	}
-	if p.Source != auth.SourceK8sSABootstrap {
-		return nil, errdefs.PermissionDenied("this principal cannot mint a sandbox token; use RefreshSandboxToken")
+	if p.Source != source {
+		return "", 0, errdefs.PermissionDenied(refusal)
 	}
 	if s.o.Minter == nil {
-		return nil, errdefs.Unavailable("sandbox JWT minting is not configured on this gateway")
+		return "", 0, errdefs.Unavailable("sandbox JWT minting is not configured on this gateway")
 	}
 	if err := s.o.Engine.SandboxExists(ctx, p.SandboxID); err != nil {
-		return nil, err
+		return "", 0, err
 	}
 	tok, exp, err := s.o.Minter.Mint(p.SandboxID)
 	if err != nil {
-		return nil, fmt.Errorf("mint sandbox token: %w", err)
+		return "", 0, fmt.Errorf("mint sandbox token: %w", err)
 	}
-	resp := &openshellv1.IssueSandboxTokenResponse{Token: tok}
 	if !exp.IsZero() {
-		resp.ExpiresAtMs = exp.UnixMilli()
+		expiresAtMs = exp.UnixMilli()
 	}
-	return resp, nil
+	return tok, expiresAtMs, nil
 }

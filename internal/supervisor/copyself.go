@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/openshell-go/openshell/internal/atomicfile"
 )
 
 // copySelf installs this executable at dst (mode 0755). The Kubernetes
@@ -21,33 +23,15 @@ func copySelf(args []string, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("copy-self: find own executable: %w", err)
 	}
-	src, err := os.Open(self)
+	data, err := os.ReadFile(self)
 	if err != nil {
 		return fmt.Errorf("copy-self: %w", err)
 	}
-	defer func() { _ = src.Close() }()
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return fmt.Errorf("copy-self: %w", err)
 	}
-	// Write next to the destination and rename, so a reader never sees a
-	// partial binary.
-	tmp, err := os.CreateTemp(filepath.Dir(dst), ".openshell-sandbox-*")
-	if err != nil {
-		return fmt.Errorf("copy-self: %w", err)
-	}
-	defer func() { _ = os.Remove(tmp.Name()) }()
-	if _, err := io.Copy(tmp, src); err != nil {
-		_ = tmp.Close()
-		return fmt.Errorf("copy-self: %w", err)
-	}
-	if err := tmp.Chmod(0o755); err != nil {
-		_ = tmp.Close()
-		return fmt.Errorf("copy-self: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("copy-self: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), dst); err != nil {
+	// Renamed into place, so the agent container never sees a partial binary.
+	if err := atomicfile.Write(dst, data, 0o755); err != nil {
 		return fmt.Errorf("copy-self: %w", err)
 	}
 	_, _ = fmt.Fprintf(stdout, "installed openshell-sandbox at %s\n", dst)

@@ -23,6 +23,7 @@ import (
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
 
+	"github.com/openshell-go/openshell/internal/atomicfile"
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/version"
@@ -867,29 +868,8 @@ func (d *Driver) saveErr(sb *sandbox) error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(d.dir(sb.rec.ID), "state.json"), data, 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(d.dir(sb.rec.ID), "state.json"), data, 0o600); err != nil {
 		return fmt.Errorf("sandbox %q: save state: %w", sb.rec.ID, err)
 	}
 	return nil
-}
-
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer func() { _ = os.Remove(tmp) }() // fails harmlessly after the rename
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
