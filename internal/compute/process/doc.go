@@ -28,6 +28,14 @@
 // (/proc/<pid>/stat field 22); otherwise the sandbox is reported as exited.
 // A supervisor started just before a gateway crash, before its pid was
 // recorded, is found by its OPENSHELL_INSTANCE_ID environment variable.
+// A directory without state.json whose workspace is empty or absent is
+// what a create interrupted before recording its state leaves, and is
+// removed. Any other directory whose state cannot be loaded (state.json
+// unreadable, corrupt or naming another id, or missing while the workspace
+// holds files) is never touched: the error is logged and the sandbox is
+// reported with Ready=False/Error naming the directory; Stop and Start
+// refuse it, Create with its id fails with AlreadyExists, and only Delete
+// removes it.
 // Close stops watching and joins the driver's goroutines; it never stops
 // sandboxes (the gateway decides that).
 //
@@ -109,9 +117,12 @@
 // from the spec or template environment are dropped: only the driver sets
 // them, and the token itself never travels in the environment.
 //
-// The supervisor exits on SIGTERM; the driver sends SIGKILL to the process
-// group after stop_grace_secs. Because the supervisor is pid 1 of its pid
-// namespace, it must install a SIGTERM handler or it only dies at SIGKILL.
+// The supervisor exits on SIGTERM; Stop and Delete send SIGTERM to the
+// process group, then SIGKILL after stop_grace_secs or as soon as the
+// call's context ends, and wait for the exit at most until the context
+// ends (and never more than 10 s after SIGKILL). Because the supervisor is
+// pid 1 of its pid namespace, it must install a SIGTERM handler or it only
+// dies at SIGKILL.
 //
 // # Configuration
 //

@@ -86,6 +86,9 @@ type record struct {
 	// ExitMessage describes the last unexpected exit.
 	ExitMessage string    `json:"exit_message,omitempty"`
 	Transition  time.Time `json:"transition"`
+	// Broken, set only in memory, says why the state could not be loaded:
+	// such a sandbox is reported in error and its directory never written.
+	Broken string `json:"-"`
 }
 
 // New is the compute.Factory for the process driver. It re-discovers the
@@ -140,20 +143,15 @@ func (d *Driver) recover() error {
 		if !e.IsDir() {
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join(d.dir(e.Name()), "state.json"))
-		var rec record
-		if err == nil {
-			err = json.Unmarshal(data, &rec)
-		}
-		if err != nil || rec.ID != e.Name() {
-			// A create that never recorded its state: nothing can run
-			// without state.json, so the leftovers go.
-			d.logger.Warn("removing incomplete sandbox directory", "dir", d.dir(e.Name()), "error", err)
-			_ = os.RemoveAll(d.dir(e.Name()))
+		rec, ok := d.load(e.Name())
+		if !ok {
 			continue
 		}
 		sb := &sandbox{rec: rec}
 		d.sandboxes[rec.ID] = sb
+		if rec.Broken != "" {
+			continue
+		}
 		if rec.PID > 0 {
 			h, err := openPid(rec.PID, rec.StartTime)
 			if err == nil {
@@ -192,6 +190,53 @@ func (d *Driver) recover() error {
 		d.save(sb)
 	}
 	return nil
+}
+
+// load reads the state of the sandbox directory named id. It removes the
+// directory only when it is what a create that crashed before recording
+// its state leaves behind: no state.json and an empty (or no) workspace.
+// Any other failure (state.json unreadable, corrupt, or recording another
+// id; a workspace with files but no state) keeps the directory untouched
+// and returns a record marked Broken, which the driver reports as a
+// sandbox in error and never writes. ok is false for a directory that is
+// not a sandbox's or was removed.
+func (d *Driver) load(id string) (rec record, ok bool) {
+	dir := d.dir(id)
+	if !idRE.MatchString(id) {
+		d.logger.Warn("ignoring a directory that is not a sandbox's", "dir", dir)
+		return rec, false
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "state.json"))
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		ws, werr := os.ReadDir(d.workspaceDir(id))
+		if errors.Is(werr, os.ErrNotExist) || (werr == nil && len(ws) == 0) {
+			d.logger.Warn("removing the directory of a create that never recorded its state", "dir", dir)
+			if err := os.RemoveAll(dir); err != nil {
+				d.logger.Error("remove incomplete sandbox directory", "dir", dir, "error", err)
+			}
+			return rec, false
+		}
+		if werr != nil {
+			err = fmt.Errorf("state.json is missing and the workspace cannot be read: %w", werr)
+		} else {
+			err = errors.New("state.json is missing but the workspace holds files")
+		}
+	case err == nil:
+		if err = json.Unmarshal(data, &rec); err == nil && rec.ID != id {
+			err = fmt.Errorf("state.json records sandbox %q", rec.ID)
+		}
+		if err == nil {
+			return rec, true
+		}
+	}
+	d.logger.Error("cannot load sandbox state; its directory is kept untouched and the sandbox reported in error",
+		"sandbox_id", id, "dir", dir, "error", err)
+	return record{
+		ID:         id,
+		Broken:     fmt.Sprintf("sandbox state in %s cannot be loaded (%v); the directory was kept untouched: repair or remove it, then restart the gateway", dir, err),
+		Transition: time.Now().UTC(),
+	}, true
 }
 
 // Close stops watching processes and ends all watches. It does not stop
@@ -364,6 +409,17 @@ func (d *Driver) Create(ctx context.Context, in compute.Sandbox) error {
 	d.mu.Unlock()
 	defer sb.op.Unlock()
 
+	if err := os.Mkdir(d.dir(in.ID), 0o700); err != nil {
+		// Never remove a directory this create did not make: it may be
+		// a sandbox whose state could not be loaded.
+		d.mu.Lock()
+		delete(d.sandboxes, in.ID)
+		d.mu.Unlock()
+		if errors.Is(err, os.ErrExist) {
+			return errdefs.AlreadyExists(fmt.Sprintf("sandbox %q: directory %s already exists", in.ID, d.dir(in.ID)))
+		}
+		return fmt.Errorf("sandbox %q: %w", in.ID, err)
+	}
 	if err := d.createFiles(sb, in.Spec.SandboxToken); err != nil {
 		d.abandon(sb)
 		return err
@@ -381,7 +437,8 @@ func (d *Driver) Create(ctx context.Context, in compute.Sandbox) error {
 	return nil
 }
 
-// abandon undoes a failed create: no process, no directory, no token.
+// abandon undoes a failed create once it made the sandbox directory: no
+// process, no directory, no token.
 func (d *Driver) abandon(sb *sandbox) {
 	_ = os.RemoveAll(d.dir(sb.rec.ID))
 	d.mu.Lock()
@@ -389,18 +446,8 @@ func (d *Driver) abandon(sb *sandbox) {
 	d.mu.Unlock()
 }
 
+// createFiles fills the new sandbox directory.
 func (d *Driver) createFiles(sb *sandbox, token string) error {
-	dir := d.dir(sb.rec.ID)
-	err := os.Mkdir(dir, 0o700)
-	if errors.Is(err, os.ErrExist) {
-		// Leftovers of a create that crashed before recording state.
-		if err = os.RemoveAll(dir); err == nil {
-			err = os.Mkdir(dir, 0o700)
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("sandbox %q: %w", sb.rec.ID, err)
-	}
 	if err := os.Mkdir(d.workspaceDir(sb.rec.ID), 0o755); err != nil {
 		return fmt.Errorf("sandbox %q: workspace: %w", sb.rec.ID, err)
 	}
@@ -660,6 +707,9 @@ func (d *Driver) statusLocked(sb *sandbox) compute.Status {
 	ts := rec.Transition.Format(time.RFC3339)
 	st := compute.Status{SandboxName: rec.Name, InstanceID: rec.InstanceID, Deleting: sb.deleting}
 	switch {
+	case rec.Broken != "":
+		st.Conditions = []compute.Condition{{Type: compute.ConditionReady, Status: "False", Reason: "Error",
+			Message: rec.Broken, LastTransitionTime: ts}}
 	case sb.proc != nil && !rec.Stopped:
 		st.Conditions = []compute.Condition{{Type: compute.ConditionReady, Status: "True", Reason: "Running",
 			Message: fmt.Sprintf("supervisor process running (pid %d)", rec.PID), LastTransitionTime: ts}}
@@ -699,6 +749,18 @@ func (d *Driver) lookup(ref compute.Ref) (*sandbox, error) {
 	return sb, nil
 }
 
+// usableLocked refuses Stop and Start on a sandbox being deleted or whose
+// state could not be loaded. d.mu must be held.
+func usableLocked(sb *sandbox) error {
+	switch {
+	case sb.deleting:
+		return errdefs.FailedPrecondition(fmt.Sprintf("sandbox %q is being deleted", sb.rec.Name))
+	case sb.rec.Broken != "":
+		return errdefs.FailedPrecondition(sb.rec.Broken)
+	}
+	return nil
+}
+
 // Stop implements compute.Driver: SIGTERM to the process group, SIGKILL
 // after the grace period. It returns once the process is gone.
 func (d *Driver) Stop(ctx context.Context, ref compute.Ref) error {
@@ -708,9 +770,9 @@ func (d *Driver) Stop(ctx context.Context, ref compute.Ref) error {
 	}
 	defer sb.op.Unlock()
 	d.mu.Lock()
-	if sb.deleting {
+	if err := usableLocked(sb); err != nil {
 		d.mu.Unlock()
-		return errdefs.FailedPrecondition(fmt.Sprintf("sandbox %q is being deleted", sb.rec.Name))
+		return err
 	}
 	wasStopped := sb.rec.Stopped
 	sb.rec.Stopped = true
@@ -733,8 +795,14 @@ func (d *Driver) Stop(ctx context.Context, ref compute.Ref) error {
 	return d.terminate(ctx, r)
 }
 
-// terminate ends a running supervisor and waits for the monitor to record
-// its exit.
+// killWait bounds the wait for a supervisor to exit after SIGKILL.
+const killWait = 10 * time.Second
+
+// terminate ends a running supervisor: SIGTERM to its process group, then
+// SIGKILL after the stop grace period or as soon as ctx ends, and waits for
+// the monitor to record the exit (see kill). It returns ctx's error when
+// ctx ends before the exit was recorded; the process has been sent SIGKILL
+// by then.
 func (d *Driver) terminate(ctx context.Context, r *running) error {
 	if err := signalGroup(r.h.pid, syscall.SIGTERM); err != nil {
 		return fmt.Errorf("signal supervisor %d: %w", r.h.pid, err)
@@ -747,20 +815,31 @@ func (d *Driver) terminate(ctx context.Context, r *running) error {
 	case <-grace.C:
 	case <-ctx.Done():
 	}
-	return d.kill(r)
+	return d.kill(ctx, r)
 }
 
-func (d *Driver) kill(r *running) error {
+// kill sends SIGKILL to the supervisor's process group and waits for the
+// monitor to record the exit, at most until ctx ends or killWait passed.
+func (d *Driver) kill(ctx context.Context, r *running) error {
 	if err := signalGroup(r.h.pid, syscall.SIGKILL); err != nil {
 		return fmt.Errorf("kill supervisor %d: %w", r.h.pid, err)
 	}
+	bound := time.NewTimer(killWait)
+	defer bound.Stop()
 	select {
 	case <-r.exited:
 		return nil
 	case <-d.done:
 		return errdefs.Unavailable("process driver is closed")
-	case <-time.After(30 * time.Second):
-		return errdefs.Unavailable(fmt.Sprintf("supervisor %d did not exit after SIGKILL", r.h.pid))
+	case <-ctx.Done():
+		select {
+		case <-r.exited: // exited while ctx ended: still a success
+			return nil
+		default:
+		}
+		return fmt.Errorf("supervisor %d: sent SIGKILL, exit not yet observed: %w", r.h.pid, ctx.Err())
+	case <-bound.C:
+		return errdefs.Unavailable(fmt.Sprintf("supervisor %d did not exit within %v of SIGKILL", r.h.pid, killWait))
 	}
 }
 
@@ -773,9 +852,9 @@ func (d *Driver) Start(ctx context.Context, ref compute.Ref) error {
 	}
 	defer sb.op.Unlock()
 	d.mu.Lock()
-	if sb.deleting {
+	if err := usableLocked(sb); err != nil {
 		d.mu.Unlock()
-		return errdefs.FailedPrecondition(fmt.Sprintf("sandbox %q is being deleted", sb.rec.Name))
+		return err
 	}
 	if d.closed {
 		d.mu.Unlock()
@@ -814,8 +893,10 @@ func (d *Driver) Start(ctx context.Context, ref compute.Ref) error {
 	return nil
 }
 
-// Delete implements compute.Driver: it kills the process group and
-// removes the sandbox directory (workspace and token included).
+// Delete implements compute.Driver: it ends the process group as Stop
+// does (SIGTERM, SIGKILL after the grace period or when ctx ends) and
+// removes the sandbox directory (workspace and token included), also for a
+// sandbox whose state could not be loaded.
 func (d *Driver) Delete(ctx context.Context, ref compute.Ref) (bool, error) {
 	sb, err := d.lookup(ref)
 	if errors.Is(err, errdefs.ErrNotFound) {
@@ -836,7 +917,7 @@ func (d *Driver) Delete(ctx context.Context, ref compute.Ref) (bool, error) {
 	d.emitLocked(d.sandboxEventLocked(sb))
 	d.mu.Unlock()
 	if r != nil {
-		if err := d.kill(r); err != nil {
+		if err := d.terminate(ctx, r); err != nil {
 			return false, err
 		}
 	}

@@ -466,6 +466,52 @@ func TestStopEscalatesToSIGKILL(t *testing.T) {
 	}
 }
 
+// TestDeleteTerminatesGracefully: Delete lets the supervisor exit on
+// SIGTERM and escalates to SIGKILL only after the grace period.
+func TestDeleteTerminatesGracefully(t *testing.T) {
+	requireNamespaces(t)
+	tests := []struct {
+		name       string
+		ignoreTerm bool
+		wantMeta   map[string]string
+	}{
+		{"exits on SIGTERM", false, map[string]string{"exit_code": "0"}},
+		{"ignores SIGTERM", true, map[string]string{"signal": "SIGKILL"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			state := t.TempDir()
+			d := open(t, state, map[string]any{"stop_grace_secs": 0.3})
+			ch := watch(t, d)
+			sb := goodSandbox(computetest.NewID(), computetest.NewName())
+			if tt.ignoreTerm {
+				sb.Spec.Environment["FAKE_SUPERVISOR_IGNORE_TERM"] = "1"
+			}
+			if err := d.Create(t.Context(), sb); err != nil {
+				t.Fatal(err)
+			}
+			readReport(t, d, sb, state) // signal handling is set up from here on
+			start := time.Now()
+			if ok, err := d.Delete(t.Context(), compute.Ref{ID: sb.ID}); !ok || err != nil {
+				t.Fatalf("Delete() = %v, %v", ok, err)
+			}
+			el := time.Since(start)
+			if tt.ignoreTerm && el < 300*time.Millisecond {
+				t.Errorf("Delete returned after %v, before the grace period", el)
+			}
+			pe := waitFor(t, ch, "platform event", func(ev compute.Event) bool {
+				return ev.Kind == compute.EventPlatform && ev.SandboxID == sb.ID
+			})
+			for k, v := range tt.wantMeta {
+				if pe.Platform.Metadata[k] != v {
+					t.Errorf("exit %s = %q, want %q (event %+v)", k, pe.Platform.Metadata[k], v, pe.Platform)
+				}
+			}
+			assertNothingLeft(t, state, sb.ID)
+		})
+	}
+}
+
 func watch(t *testing.T, d compute.Driver) <-chan compute.Event {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
@@ -852,12 +898,13 @@ func TestUnprivileged(t *testing.T) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.CommandContext(t.Context(), bin, "-test.run=^TestUnprivilegedChild$", "-test.v", "-test.count=1")
+	cmd := exec.CommandContext(t.Context(), bin, "-test.run=^(TestUnprivilegedChild|TestRecoverKeepsUnloadableState)$", "-test.v", "-test.count=1")
 	cmd.Dir = dir
 	cmd.Env = []string{envChildSupervisor + "=" + sup, "PATH=/usr/bin:/bin", "HOME=/nonexistent", "TMPDIR=/tmp"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "--- PASS: TestUnprivilegedChild") {
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestUnprivilegedChild") ||
+		!strings.Contains(string(out), "--- PASS: TestRecoverKeepsUnloadableState/state.json_unreadable_(EACCES)") {
 		t.Fatalf("unprivileged run failed: %v\n%s", err, out)
 	}
 	t.Logf("unprivileged run:\n%s", out)
