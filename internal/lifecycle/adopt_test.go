@@ -240,6 +240,7 @@ func TestAdoptRejectionsLeaveNothing(t *testing.T) {
 		{"bad label", &openshellv1.AdoptSandboxRequest{Name: "bare", Labels: map[string]string{"k": "-x"}}, nil, codes.InvalidArgument, `label "k" value`, false},
 		{"command", &openshellv1.AdoptSandboxRequest{Name: "bare", Spec: &openshellv1.SandboxSpec{Command: []string{"sh"}}}, nil, codes.InvalidArgument, "spec.command cannot be set", false},
 		{"image", &openshellv1.AdoptSandboxRequest{Name: "bare", Spec: &openshellv1.SandboxSpec{Template: &openshellv1.SandboxTemplate{Image: "x:1"}}}, nil, codes.InvalidArgument, "spec.template.image cannot be set", false},
+		{"unsafe policy", &openshellv1.AdoptSandboxRequest{Name: "bare", Spec: &openshellv1.SandboxSpec{Policy: unsafePolicy()}}, nil, codes.InvalidArgument, unsafePolicyMessage, false},
 		{"unknown provider", &openshellv1.AdoptSandboxRequest{Name: "bare", Spec: &openshellv1.SandboxSpec{Providers: []string{"gh"}}}, nil, codes.FailedPrecondition, "provider 'gh' not found", false},
 		{"not found", &openshellv1.AdoptSandboxRequest{Name: "missing"}, nil, codes.NotFound, "not found", false},
 		{"disabled", &openshellv1.AdoptSandboxRequest{Name: "bare"}, func(d *fakeAdopter) {

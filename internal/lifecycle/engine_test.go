@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
@@ -261,6 +262,7 @@ func TestCreateRejectionsLeaveNothing(t *testing.T) {
 		{"too long", &openshellv1.CreateSandboxRequest{Name: "abcdefghijklmnopqrst"}, nil, codes.InvalidArgument, "name exceeds maximum length (20 > 19)"},
 		{"uppercase", &openshellv1.CreateSandboxRequest{Name: "Demo"}, nil, codes.InvalidArgument, "lowercase"},
 		{"bad label", &openshellv1.CreateSandboxRequest{Name: "a", Labels: map[string]string{"k": "-bad"}}, nil, codes.InvalidArgument, `label "k" value`},
+		{"unsafe policy", &openshellv1.CreateSandboxRequest{Name: "a", Spec: &openshellv1.SandboxSpec{Policy: unsafePolicy()}}, nil, codes.InvalidArgument, unsafePolicyMessage},
 		{"unknown provider", &openshellv1.CreateSandboxRequest{Name: "a", Spec: &openshellv1.SandboxSpec{Providers: []string{"gh"}}}, nil, codes.FailedPrecondition, "provider 'gh' not found"},
 		{"sa on non-k8s", &openshellv1.CreateSandboxRequest{Name: "a", Spec: &openshellv1.SandboxSpec{Template: &openshellv1.SandboxTemplate{ServiceAccountName: "sa"}}}, nil, codes.InvalidArgument, "only supported by the kubernetes driver"},
 		{"driver validate", &openshellv1.CreateSandboxRequest{Name: "a"}, func(d *fakeDriver) {
@@ -286,6 +288,19 @@ func TestCreateRejectionsLeaveNothing(t *testing.T) {
 		})
 	}
 }
+
+// unsafePolicy breaks three of OpenShell's policy rules at once.
+func unsafePolicy() *sandboxv1.SandboxPolicy {
+	return &sandboxv1.SandboxPolicy{
+		Process:    &sandboxv1.ProcessPolicy{RunAsUser: "root"},
+		Filesystem: &sandboxv1.FilesystemPolicy{ReadOnly: []string{"/usr/../etc/shadow"}, ReadWrite: []string{"/"}},
+	}
+}
+
+const unsafePolicyMessage = "policy contains unsafe content: " +
+	"run_as_user must be 'sandbox' or a numeric UID/GID in range [1, 4294967294], got 'root'; " +
+	"path contains '..' traversal component: /usr/../etc/shadow; " +
+	"read-write path is overly broad: /"
 
 func TestDuplicateName(t *testing.T) {
 	e, _, _ := newEngine(t)

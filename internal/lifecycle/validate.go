@@ -10,6 +10,7 @@ import (
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/policy"
 )
 
 // Request limits, as OpenShell applies them.
@@ -95,6 +96,9 @@ func ValidateCreateRequest(req *openshellv1.CreateSandboxRequest) error {
 	if p := spec.GetPolicy(); p != nil {
 		if size := proto.Size(p); size > MaxPolicySize {
 			return invalid("policy serialized size exceeds maximum (%d > %d)", size, MaxPolicySize)
+		}
+		if err := policy.Validate(p); err != nil {
+			return err
 		}
 	}
 	if err := ValidateLabels(req.GetLabels(), "labels"); err != nil {
