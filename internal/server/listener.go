@@ -143,8 +143,18 @@ func readAtLeast(r io.Reader, buf []byte, n int) ([]byte, error) {
 	return buf, nil
 }
 
-// sniffHTTP2 sends an empty SETTINGS frame (clients such as grpc-go wait
-// for the server's preface before they send a request), then reads frames
+// earlySettings is the SETTINGS frame the listener sends before it knows
+// which server takes the connection. RFC 9218 §2.1 forbids changing
+// SETTINGS_NO_RFC7540_PRIORITIES after the first SETTINGS frame, and both
+// servers behind the listener ignore RFC 7540 priorities: the HTTP/2
+// server announces NO_RFC7540_PRIORITIES=1 in its own SETTINGS (its
+// default RFC 9218 scheduler), and grpc-go never used them. Announcing the
+// same value here keeps the second SETTINGS frame from being a change,
+// which nghttp2 (curl) answers with GOAWAY PROTOCOL_ERROR.
+var earlySettings = []http2.Setting{{ID: http2.SettingNoRFC7540Priorities, Val: 1}}
+
+// sniffHTTP2 sends earlySettings (clients such as grpc-go wait for the
+// server's preface before they send a request), then reads frames
 // up to the first HEADERS and reports whether its content-type is gRPC.
 // c.buf is rewritten to replay the preface and every frame read, minus the
 // acknowledgement of our SETTINGS, which is reported in acked.
@@ -158,7 +168,7 @@ func sniffHTTP2(c *sniffedConn) (isGRPC, acked bool, err error) {
 	fr := http2.NewFramer(c, tee)
 	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	fr.SetMaxReadFrameSize(maxSniffBytes)
-	if err := fr.WriteSettings(); err != nil {
+	if err := fr.WriteSettings(earlySettings...); err != nil {
 		return false, false, err
 	}
 	for rec.Len() < maxSniffBytes {

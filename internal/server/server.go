@@ -203,6 +203,9 @@ func New(opts Options) (*Server, error) {
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("GET /.well-known/jwks.json", s.handleJWKS)
 	s.http1 = &http.Server{Handler: s.mux, ReadHeaderTimeout: opts.SniffTimeout, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	// The default write scheduler (RFC 9218) announces
+	// NO_RFC7540_PRIORITIES=1, the value the listener's early SETTINGS
+	// frame already sent (earlySettings); keep them in step.
 	s.h2 = &http2.Server{ReadIdleTimeout: opts.KeepaliveInterval, PingTimeout: opts.KeepaliveTimeout} //nolint:staticcheck // SA1019: see Server.h2
 	return s, nil
 }
