@@ -169,12 +169,14 @@ func (p *pipeline) recovered(ctx context.Context, method string, r any) error {
 	return status.Error(codes.Internal, "internal error")
 }
 
-// done records metrics and writes the access log line.
+// done records metrics and writes the access log line: at debug level
+// (counts and latency by method and code are in the metrics), at error
+// level for Internal and Unknown.
 func (p *pipeline) done(ctx context.Context, method string, start time.Time, pr *auth.Principal, err error) {
 	d := time.Since(start)
 	code := status.Code(err)
 	p.metrics.observe(method, code, d)
-	level := slog.LevelInfo
+	level := slog.LevelDebug
 	if code == codes.Internal || code == codes.Unknown {
 		level = slog.LevelError
 	}

@@ -27,9 +27,9 @@ func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 		}, []string{"grpc_method", "grpc_code"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "openshell_grpc_server_handling_seconds",
-			Help:    "Latency of RPCs (unary: until the response; streams: until the stream ends).",
+			Help:    "Latency of RPCs by method and status code (unary: until the response; streams: until the stream ends).",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
-		}, []string{"grpc_method"}),
+		}, []string{"grpc_method", "grpc_code"}),
 	}
 	for _, c := range []prometheus.Collector{
 		m.handled, m.duration,
@@ -45,5 +45,5 @@ func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 
 func (m *metrics) observe(method string, code codes.Code, d time.Duration) {
 	m.handled.WithLabelValues(method, code.String()).Inc()
-	m.duration.WithLabelValues(method).Observe(d.Seconds())
+	m.duration.WithLabelValues(method, code.String()).Observe(d.Seconds())
 }

@@ -36,7 +36,7 @@ func TestAccessLogNeverLogsTokens(t *testing.T) {
 	f := newFixture(t)
 	var buf syncBuffer
 	opts := f.fullOptions(t, false)
-	opts.Logger = slog.New(slog.NewTextHandler(&buf, nil))
+	opts.Logger = slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	_, addr := startServer(t, opts)
 	c := openshellv1.NewOpenShellClient(dial(t, addr, f.clientTLS()))
 	tok := f.oidc.token(t, "bob", []string{auth.DefaultUserRole}, "openshell:all")
@@ -87,5 +87,68 @@ func TestReflectionBypassesAuthAndUnknownMethodIsUnimplemented(t *testing.T) {
 	err = cc.Invoke(t.Context(), "/openshell.v1.OpenShell/NoSuchMethod", &openshellv1.HealthRequest{}, &openshellv1.HealthResponse{})
 	if status.Code(err) != codes.Unimplemented {
 		t.Errorf("unknown method = %v, want Unimplemented", err)
+	}
+}
+
+// TestAccessLinesAtDebugWithMetrics: at the default info level a
+// successful or refused RPC writes no log line; its count and latency are
+// in the metrics, by method and code.
+func TestAccessLinesAtDebugWithMetrics(t *testing.T) {
+	f := newFixture(t)
+	var buf syncBuffer
+	opts := f.fullOptions(t, false)
+	opts.Logger = slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	s, addr := startServer(t, opts)
+	c := openshellv1.NewOpenShellClient(dial(t, addr, f.clientTLS()))
+	for range 3 {
+		if _, err := c.Health(t.Context(), &openshellv1.HealthRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.GetCurrentUser(t.Context(), &openshellv1.GetCurrentUserRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("GetCurrentUser(no credentials) = %v, want Unauthenticated", err)
+	}
+	if logs := buf.String(); strings.Contains(logs, "msg=rpc") {
+		t.Errorf("info-level log has per-RPC access lines:\n%s", logs)
+	}
+	const health = "/openshell.v1.OpenShell/Health"
+	const user = "/openshell.v1.OpenShell/GetCurrentUser"
+	mfs, err := s.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type key struct{ metric, method, code string }
+	got := map[key]uint64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			k := key{metric: mf.GetName()}
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "grpc_method":
+					k.method = l.GetValue()
+				case "grpc_code":
+					k.code = l.GetValue()
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				got[k] = uint64(m.GetCounter().GetValue())
+			case m.GetHistogram() != nil:
+				got[k] = m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	for _, want := range []struct {
+		k key
+		n uint64
+	}{
+		{key{"openshell_grpc_server_handled_total", health, "OK"}, 3},
+		{key{"openshell_grpc_server_handling_seconds", health, "OK"}, 3},
+		{key{"openshell_grpc_server_handled_total", user, "Unauthenticated"}, 1},
+		{key{"openshell_grpc_server_handling_seconds", user, "Unauthenticated"}, 1},
+	} {
+		if got[want.k] != want.n {
+			t.Errorf("%s{grpc_method=%q,grpc_code=%q} = %d, want %d", want.k.metric, want.k.method, want.k.code, got[want.k], want.n)
+		}
 	}
 }
