@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -74,6 +75,9 @@ func ValidateCreateRequest(req *openshellv1.CreateSandboxRequest) error {
 	if n := len(spec.GetLogLevel()); n > MaxLogLevelLen {
 		return invalid("log_level exceeds maximum length (%d > %d)", n, MaxLogLevelLen)
 	}
+	if err := ValidateLogLevel(spec.GetLogLevel()); err != nil {
+		return err
+	}
 	if err := validateStringMap(spec.GetEnvironment(), MaxEnvironmentEntries, "spec.environment"); err != nil {
 		return err
 	}
@@ -105,6 +109,19 @@ func ValidateCreateRequest(req *openshellv1.CreateSandboxRequest) error {
 		return err
 	}
 	return ValidateAnnotations(req.GetAnnotations(), "annotations")
+}
+
+// LogLevels are the values spec.log_level accepts, as OpenShell's
+// supervisor does; empty leaves the supervisor's default.
+var LogLevels = []string{"trace", "debug", "info", "warn", "error"}
+
+// ValidateLogLevel checks spec.log_level: empty or one of LogLevels
+// (any case).
+func ValidateLogLevel(level string) error {
+	if level == "" || slices.Contains(LogLevels, strings.ToLower(level)) {
+		return nil
+	}
+	return invalid("spec.log_level %q is not valid: want one of %s, or empty for the default", level, strings.Join(LogLevels, ", "))
 }
 
 func validateTemplate(t *openshellv1.SandboxTemplate) error {

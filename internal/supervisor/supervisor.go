@@ -159,7 +159,9 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		}
 		c.StartupTimeout = d
 	}
-	if v := getenv(EnvLogLevel); v != "" {
+	if v := getenv(EnvLogLevel); strings.EqualFold(v, "trace") {
+		c.LogLevel = slog.LevelDebug - 4 // the gateway accepts OpenShell's trace level
+	} else if v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
 			return c, fmt.Errorf("%s: %w", EnvLogLevel, err)
 		}
@@ -404,7 +406,7 @@ Compute drivers start it with no arguments and this environment:
   `+EnvHostname+`   hostname to set (own uts namespace)
   `+EnvPrivateTmp+`      "true": private /tmp and read-only system directories (own mount namespace)
   `+EnvRootfs+`           local root filesystem image to pivot into
-  `+EnvLogLevel+`        log level (debug, info, warn, error)
+  `+EnvLogLevel+`        log level (trace, debug, info, warn, error)
 
 Flags:
   --version   print the version and exit

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -504,6 +505,25 @@ func TestTokenRefreshAndServiceAccountExchange(t *testing.T) {
 	gw.WaitFor(t, 15*time.Second, "two token refreshes", func(s *relaytest.State) bool { return s.Refreshes() >= 2 })
 	if got, err := execIn(t, gw, "sb-sa", sshexec.Request{Command: []string{"echo", "ok"}}); err != nil || got.stdout != "ok\n" {
 		t.Fatalf("exec after refresh = %+v, %v", got, err)
+	}
+}
+
+// TestConfigFromEnvLogLevels: every spec.log_level the gateway accepts
+// (lifecycle.LogLevels, OpenShell's set) starts a supervisor.
+func TestConfigFromEnvLogLevels(t *testing.T) {
+	for lvl, want := range map[string]slog.Level{
+		"trace": slog.LevelDebug - 4, "TRACE": slog.LevelDebug - 4, "debug": slog.LevelDebug,
+		"info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError,
+	} {
+		cfg, err := supervisor.ConfigFromEnv(func(k string) string {
+			if k == supervisor.EnvLogLevel {
+				return lvl
+			}
+			return ""
+		})
+		if err != nil || cfg.LogLevel != want {
+			t.Errorf("ConfigFromEnv(%s=%s) = level %v, %v; want %v", supervisor.EnvLogLevel, lvl, cfg.LogLevel, err, want)
+		}
 	}
 }
 

@@ -12,7 +12,8 @@
 // and limits are enforced with cgroup v2 (<cgroup_root>/openshell/<id>,
 // cpu.max, cpu.weight, memory.max, memory.low); the process is cloned
 // directly into its cgroup. A request the host cannot enforce is rejected
-// with FailedPrecondition at ValidateCreate, never ignored.
+// with FailedPrecondition at ValidateCreate, never ignored; so are GPUs,
+// and a runtime_class_name (a Kubernetes setting) is InvalidArgument.
 //
 // # State
 //

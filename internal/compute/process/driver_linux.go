@@ -303,6 +303,9 @@ func (d *Driver) validate(sb compute.Sandbox) (rootfs string, l limits, cgRoot s
 	if rootfs, err = rootfsOf(spec.Template.Image); err != nil {
 		return "", l, "", err
 	}
+	if rc, _ := spec.Template.PlatformConfig["runtime_class_name"].(string); rc != "" {
+		return "", l, "", errdefs.InvalidArgument(fmt.Sprintf("spec.template.runtime_class_name %q is not supported by the process driver", rc))
+	}
 	for k := range spec.Template.DriverConfig {
 		return "", l, "", errdefs.InvalidArgument(fmt.Sprintf("process driver: unknown driver_config key %q", k))
 	}
