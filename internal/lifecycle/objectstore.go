@@ -2,8 +2,13 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"time"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/policy"
 	"github.com/openshell-go/openshell/internal/store"
 )
 
@@ -15,6 +20,9 @@ var _ Store = ObjectStore{}
 func newSandbox() *openshellv1.Sandbox { return &openshellv1.Sandbox{} }
 
 // CreateSandbox inserts sb (MustCreate) and records the assigned version.
+// A sandbox created with spec.policy also gets that policy stored as
+// revision 1 (PENDING until its supervisor reports); when that write fails
+// the row is removed again and the error returned.
 func (o ObjectStore) CreateSandbox(ctx context.Context, sb *openshellv1.Sandbox) error {
 	res, err := o.S.Create(ctx, store.TypeSandbox, sb)
 	if err != nil {
@@ -22,6 +30,22 @@ func (o ObjectStore) CreateSandbox(ctx context.Context, sb *openshellv1.Sandbox)
 	}
 	sb.Metadata.ResourceVersion = res.ResourceVersion
 	sb.Metadata.CreatedAtMs = res.CreatedAtMs
+	if p := sb.GetSpec().GetPolicy(); p != nil {
+		rec, err := policy.BaselineRecord(sb.Metadata.Id, p, time.UnixMilli(res.CreatedAtMs))
+		if err == nil {
+			_, err = o.S.CreateScoped(ctx, rec)
+		}
+		if errors.Is(err, errdefs.ErrAlreadyExists) {
+			// Not the caller's "sandbox already exists": an internal fault.
+			err = fmt.Errorf("policy version 1 of sandbox %s is already stored", sb.Metadata.Id)
+		}
+		if err != nil {
+			if _, derr := o.S.Delete(context.WithoutCancel(ctx), store.TypeSandbox, sb.Metadata.Id); derr != nil {
+				return fmt.Errorf("store policy version 1: %w (and removing the sandbox row failed: %w)", err, derr)
+			}
+			return fmt.Errorf("store policy version 1: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -49,8 +73,11 @@ func (o ObjectStore) UpdateSandbox(ctx context.Context, sb *openshellv1.Sandbox)
 	return nil
 }
 
-// DeleteSandbox removes a sandbox row.
+// DeleteSandbox removes a sandbox row and its policy revisions.
 func (o ObjectStore) DeleteSandbox(ctx context.Context, id string) error {
+	if _, err := o.S.DeleteByScope(ctx, policy.RecordType, id); err != nil {
+		return fmt.Errorf("delete policy revisions: %w", err)
+	}
 	_, err := o.S.Delete(ctx, store.TypeSandbox, id)
 	return err
 }
