@@ -101,7 +101,9 @@ func retryable(err error) bool {
 }
 
 // bootstrapConfig fetches the sandbox configuration, seeding the default
-// policy when the gateway has none, and reports the policy as loaded.
+// policy when the gateway has none, and reports the policy's status:
+// LOADED when enforcement accepts every section, FAILED with the reason
+// otherwise.
 // Transient failures are retried with backoff until cfg.StartupTimeout.
 func bootstrapConfig(ctx context.Context, log *slog.Logger, client openshellv1.OpenShellClient, cfg Config) error {
 	ctx, cancel := context.WithTimeout(ctx, cfg.StartupTimeout)
@@ -146,12 +148,23 @@ func bootstrapConfig(ctx context.Context, log *slog.Logger, client openshellv1.O
 		}
 	}
 	log.Info("sandbox configuration loaded", "policy_version", resp.GetVersion(), "policy_hash", resp.GetPolicyHash())
+	if resp.GetVersion() == 0 {
+		log.Warn("gateway returned no policy version; nothing to report")
+		return nil
+	}
+	report := &openshellv1.ReportPolicyStatusRequest{
+		SandboxId: cfg.SandboxID,
+		Version:   resp.GetVersion(),
+		Status:    openshellv1.PolicyStatus_POLICY_STATUS_LOADED,
+	}
+	if err := enforcement(resp.GetPolicy()); err != nil {
+		// A report, not a stop: the sandbox keeps running and the
+		// revision says truthfully what is not enforced.
+		report.Status, report.LoadError = openshellv1.PolicyStatus_POLICY_STATUS_FAILED, err.Error()
+		log.Warn("policy is not fully enforced; reporting FAILED", "policy_version", resp.GetVersion(), "reason", report.LoadError)
+	}
 	return call("ReportPolicyStatus", func() error {
-		_, err := client.ReportPolicyStatus(ctx, &openshellv1.ReportPolicyStatusRequest{
-			SandboxId: cfg.SandboxID,
-			Version:   resp.GetVersion(),
-			Status:    openshellv1.PolicyStatus_POLICY_STATUS_LOADED,
-		})
+		_, err := client.ReportPolicyStatus(ctx, report)
 		return err
 	})
 }

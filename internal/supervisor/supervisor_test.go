@@ -446,12 +446,13 @@ func TestMainProcessExitAndLogs(t *testing.T) {
 }
 
 func TestPolicySyncAndStatus(t *testing.T) {
-	t.Run("seeds default policy", func(t *testing.T) {
+	t.Run("seeds default policy and reports what it does not enforce", func(t *testing.T) {
 		gw := relaytest.Start(t, relaytest.Options{})
 		startSupervisor(t, gw, "sb-pol", nil)
-		gw.WaitFor(t, 10*time.Second, "LOADED status", func(s *relaytest.State) bool {
+		gw.WaitFor(t, 10*time.Second, "FAILED status for the unenforced default policy", func(s *relaytest.State) bool {
 			st := s.Statuses()
-			return len(st) == 1 && st[0].GetStatus() == openshellv1.PolicyStatus_POLICY_STATUS_LOADED && st[0].GetVersion() == 1 &&
+			return len(st) == 1 && st[0].GetStatus() == openshellv1.PolicyStatus_POLICY_STATUS_FAILED && st[0].GetVersion() == 1 &&
+				strings.HasPrefix(st[0].GetLoadError(), "filesystem policy is not enforced by this supervisor") &&
 				s.Policy("sb-pol").GetFilesystem().GetIncludeWorkdir()
 		})
 	})
@@ -462,7 +463,21 @@ func TestPolicySyncAndStatus(t *testing.T) {
 		startSupervisor(t, gw, "sb-pol2", nil)
 		gw.WaitFor(t, 10*time.Second, "LOADED status v2", func(s *relaytest.State) bool {
 			st := s.Statuses()
-			return len(st) == 1 && st[0].GetVersion() == 2 && s.Policy("sb-pol2").GetVersion() == 9
+			return len(st) == 1 && st[0].GetVersion() == 2 && st[0].GetStatus() == openshellv1.PolicyStatus_POLICY_STATUS_LOADED &&
+				st[0].GetLoadError() == "" && s.Policy("sb-pol2").GetVersion() == 9
+		})
+	})
+	t.Run("network rules are reported FAILED and the session still comes up", func(t *testing.T) {
+		gw := relaytest.Start(t, relaytest.Options{})
+		gw.SetPolicy("sb-pol3", &sandboxv1.SandboxPolicy{NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{
+			"gh": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.github.com", Port: 443}}},
+		}})
+		startSupervisor(t, gw, "sb-pol3", nil)
+		gw.WaitFor(t, 10*time.Second, "FAILED status and a session", func(s *relaytest.State) bool {
+			st := s.Statuses()
+			return len(st) == 1 && st[0].GetStatus() == openshellv1.PolicyStatus_POLICY_STATUS_FAILED &&
+				st[0].GetLoadError() == "network policies are not enforced by this supervisor: there is no egress proxy (rules: gh)" &&
+				s.Connected("sb-pol3")
 		})
 	})
 }
