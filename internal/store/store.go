@@ -57,16 +57,21 @@ type Store interface {
 	GetByName(ctx context.Context, objType, workspace, name string, msg proto.Message) error
 	// List returns objects in created_at_ms, name, id order.
 	List(ctx context.Context, objType string, opts ListOptions) ([]Object, error)
-	// Delete removes object id; it reports whether a row was removed.
+	// Delete removes object id and, in the same transaction, every record
+	// it owns (see ScopeOwner); it reports whether a row was removed.
 	Delete(ctx context.Context, objType, id string) (bool, error)
 	// DeleteIf removes object id when its resource_version equals
-	// expectedRV; a mismatch is a *ConflictError, a missing row NotFound.
+	// expectedRV, with the records it owns; a mismatch is a
+	// *ConflictError, a missing row NotFound.
 	DeleteIf(ctx context.Context, objType, id string, expectedRV uint64) error
 	// DeleteByScope removes every object of objType in scope.
 	DeleteByScope(ctx context.Context, objType, scope string) (int64, error)
 
 	// CreateScoped inserts rec at the next version within (Type, Scope)
 	// and returns it with Version, ID (when empty) and timestamps set.
+	// A record type with an owner (see ScopeOwner) needs the owner object
+	// whose id is Scope: without it the insert is NotFound. The same holds
+	// for RecordHit and CommitPolicyRevision.
 	CreateScoped(ctx context.Context, rec Record) (Record, error)
 	// GetScoped returns record id.
 	GetScoped(ctx context.Context, objType, id string) (Record, error)

@@ -101,6 +101,9 @@ func (s *Store) CreateScoped(ctx context.Context, rec store.Record) (store.Recor
 		if err := s.d.LockScope(ctx, tx, rec.Type, rec.Scope); err != nil {
 			return s.dbErr("lock scope", err)
 		}
+		if err := s.lockOwner(ctx, tx, rec.Type, rec.Scope); err != nil {
+			return err
+		}
 		v, err := s.nextVersion(ctx, tx, rec.Type, rec.Scope)
 		if err != nil {
 			return err
@@ -248,15 +251,33 @@ func (s *Store) RecordHit(ctx context.Context, rec store.Record) (store.Record, 
 	if rec.HitCount == 0 {
 		rec.HitCount = 1
 	}
+	if _, owned := store.ScopeOwner(rec.Type); !owned {
+		return s.recordHit(ctx, s.db, rec)
+	}
+	var got store.Record
+	var created bool
+	err := s.inTx(ctx, "record "+rec.Type, func(tx Tx) error {
+		if err := s.lockOwner(ctx, tx, rec.Type, rec.Scope); err != nil {
+			return err
+		}
+		var err error
+		got, created, err = s.recordHit(ctx, tx, rec)
+		return err
+	})
+	return got, created, err
+}
+
+// recordHit is the dedup upsert of RecordHit.
+func (s *Store) recordHit(ctx context.Context, q Querier, rec store.Record) (store.Record, bool, error) {
 	now := s.now().UnixMilli()
 	b := s.bind()
-	q := `INSERT INTO objects (id, object_type, workspace, scope, version, status, dedup_key, hit_count, labels, resource_version, payload, created_at_ms, updated_at_ms) VALUES (` +
+	sqlText := `INSERT INTO objects (id, object_type, workspace, scope, version, status, dedup_key, hit_count, labels, resource_version, payload, created_at_ms, updated_at_ms) VALUES (` +
 		b.arg(rec.ID) + `, ` + b.arg(rec.Type) + `, '', ` + b.arg(rec.Scope) + `, ` + b.arg(nullInt(rec.Version)) + `, ` +
 		b.arg(nullStr(rec.Status)) + `, ` + b.arg(rec.DedupKey) + `, ` + b.arg(rec.HitCount) + `, ` + s.d.JSONParam(b.arg("{}")) +
 		`, 1, ` + b.arg(nonNil(rec.Payload)) + `, ` + b.arg(now) + `, ` + b.arg(now) + `)` +
 		` ON CONFLICT (object_type, scope, dedup_key) DO UPDATE SET hit_count = objects.hit_count + 1, updated_at_ms = excluded.updated_at_ms,` +
 		` resource_version = objects.resource_version + 1 RETURNING ` + recordCols
-	got, err := scanRecord(rec.Type, s.db.QueryRow(ctx, q, b.args...))
+	got, err := scanRecord(rec.Type, q.QueryRow(ctx, sqlText, b.args...))
 	if err != nil {
 		if idx, ok := s.d.UniqueViolation(err); ok && idx == "primary" {
 			return store.Record{}, false, errdefs.AlreadyExists(fmt.Sprintf("%s with id %q already exists", rec.Type, rec.ID))
@@ -293,6 +314,9 @@ func (s *Store) CommitPolicyRevision(ctx context.Context, rev store.PolicyRevisi
 		res = store.PolicyRevisionResult{}
 		if err := s.d.LockScope(ctx, tx, rev.Revision.Type, rev.Revision.Scope); err != nil {
 			return s.dbErr("lock scope", err)
+		}
+		if err := s.lockOwner(ctx, tx, rev.Revision.Type, rev.Revision.Scope); err != nil {
+			return err
 		}
 		if p := rev.Project; p != nil {
 			// Lock the projected row before anything is written.

@@ -385,12 +385,17 @@ func (s *Store) Delete(ctx context.Context, objType, id string) (bool, error) {
 	if err := store.ValidateType(objType); err != nil {
 		return false, err
 	}
-	b := s.bind()
-	n, err := s.db.Exec(ctx, `DELETE FROM objects WHERE object_type = `+b.arg(objType)+` AND id = `+b.arg(id), b.args...)
-	if err != nil {
-		return false, s.dbErr("delete "+objType, err)
-	}
-	return n > 0, nil
+	var n int64
+	err := s.deleteObject(ctx, objType, id, func(q Querier) error {
+		b := s.bind()
+		var err error
+		n, err = q.Exec(ctx, `DELETE FROM objects WHERE object_type = `+b.arg(objType)+` AND id = `+b.arg(id), b.args...)
+		if err != nil {
+			return s.dbErr("delete "+objType, err)
+		}
+		return nil
+	})
+	return n > 0, err
 }
 
 // DeleteIf implements store.Store.
@@ -398,20 +403,68 @@ func (s *Store) DeleteIf(ctx context.Context, objType, id string, expectedRV uin
 	if err := store.ValidateType(objType); err != nil {
 		return err
 	}
-	b := s.bind()
-	n, err := s.db.Exec(ctx, `DELETE FROM objects WHERE object_type = `+b.arg(objType)+` AND id = `+b.arg(id)+
-		` AND resource_version = `+b.arg(int64(expectedRV)), b.args...)
-	if err != nil {
-		return s.dbErr("delete "+objType, err)
+	return s.deleteObject(ctx, objType, id, func(q Querier) error {
+		b := s.bind()
+		n, err := q.Exec(ctx, `DELETE FROM objects WHERE object_type = `+b.arg(objType)+` AND id = `+b.arg(id)+
+			` AND resource_version = `+b.arg(int64(expectedRV)), b.args...)
+		if err != nil {
+			return s.dbErr("delete "+objType, err)
+		}
+		if n > 0 {
+			return nil
+		}
+		err = s.conflict(ctx, q, objType, id, expectedRV)
+		if ce, ok := errors.AsType[*store.ConflictError](err); ok && ce.Gone {
+			return errdefs.NotFound(fmt.Sprintf("%s %q not found", objType, id))
+		}
+		return err
+	})
+}
+
+// deleteObject runs del, the statement removing object id, and removes the
+// records the object owns in the same transaction. The object's row goes
+// first: in PostgreSQL its row lock makes a concurrent owned-record insert
+// (which locks the owner, see lockOwner) either finish before the records
+// are deleted or find the owner gone.
+func (s *Store) deleteObject(ctx context.Context, objType, id string, del func(Querier) error) error {
+	owned := store.OwnedRecordTypes(objType)
+	if len(owned) == 0 {
+		return del(s.db)
 	}
-	if n > 0 {
+	return s.inTx(ctx, "delete "+objType, func(tx Tx) error {
+		if err := del(tx); err != nil {
+			return err
+		}
+		b := s.bind()
+		ph := make([]string, len(owned))
+		for i, t := range owned {
+			ph[i] = b.arg(t)
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM objects WHERE object_type IN (`+strings.Join(ph, ", ")+`) AND scope = `+b.arg(id), b.args...); err != nil {
+			return s.dbErr("delete records of "+objType, err)
+		}
+		return nil
+	})
+}
+
+// lockOwner locks, inside tx, the object that owns records of recType in
+// scope (see store.ScopeOwner); a missing owner is NotFound. Record types
+// without an owner need nothing.
+func (s *Store) lockOwner(ctx context.Context, tx Querier, recType, scope string) error {
+	owner, ok := store.ScopeOwner(recType)
+	if !ok {
 		return nil
 	}
-	err = s.conflict(ctx, s.db, objType, id, expectedRV)
-	if ce, ok := errors.AsType[*store.ConflictError](err); ok && ce.Gone {
-		return errdefs.NotFound(fmt.Sprintf("%s %q not found", objType, id))
+	b := s.bind()
+	var id string
+	err := tx.QueryRow(ctx, `SELECT id FROM objects WHERE object_type = `+b.arg(owner)+` AND id = `+b.arg(scope)+s.d.ForUpdate(), b.args...).Scan(&id)
+	switch {
+	case errors.Is(err, ErrNoRows):
+		return errdefs.NotFound(fmt.Sprintf("%s %q not found", owner, scope))
+	case err != nil:
+		return s.dbErr("lock "+owner, err)
 	}
-	return err
+	return nil
 }
 
 // DeleteByScope implements store.Store.

@@ -49,6 +49,8 @@ func Run(t *testing.T, newStore NewStore) {
 		{"Lease", testLease},
 		{"ConcurrentIncrements", testConcurrentIncrements},
 		{"ConcurrentScopedVersions", testConcurrentScoped},
+		{"OwnedRecordsGoWithTheirOwner", testOwnedRecords},
+		{"OwnedRecordsConcurrentDelete", testOwnedRecordsConcurrentDelete},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore(t)) })
@@ -65,6 +67,17 @@ func Sandbox(id, workspace, name string, labels map[string]string) *openshellv1.
 }
 
 func newSandbox() *openshellv1.Sandbox { return &openshellv1.Sandbox{} }
+
+// createSandboxes creates one sandbox per id (named after it) in "default":
+// the owners that sandbox-scoped records need.
+func createSandboxes(t testing.TB, s store.Store, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		if _, err := s.Create(t.Context(), store.TypeSandbox, Sandbox(id, "default", id, nil)); err != nil {
+			t.Fatalf("Create(sandbox %q): %v", id, err)
+		}
+	}
+}
 
 // WantCode fails t unless err maps to code through errdefs.ToGRPC.
 func WantCode(t testing.TB, err error, code codes.Code) {
@@ -474,6 +487,7 @@ func testUnknownFields(t *testing.T, s store.Store) {
 func testScoped(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	const typ = store.TypeSandboxPolicy
+	createSandboxes(t, s, "sb-1", "sb-2")
 	for i := range 3 {
 		rec, err := s.CreateScoped(ctx, store.Record{Type: typ, Scope: "sb-1", Status: "pending", Payload: []byte{byte(i)}})
 		if err != nil {
@@ -545,6 +559,7 @@ func testScoped(t *testing.T, s store.Store) {
 
 func testRecordHit(t *testing.T, s store.Store) {
 	ctx := t.Context()
+	createSandboxes(t, s, "sb-1", "sb-2")
 	rec := store.Record{Type: store.TypeDraftPolicyChunk, Scope: "sb-1", DedupKey: "api.example.com:443", Status: "pending", Payload: []byte("rule")}
 	first, created, err := s.RecordHit(ctx, rec)
 	if err != nil || !created || first.HitCount != 1 {
@@ -768,6 +783,7 @@ func testConcurrentIncrements(t *testing.T, s store.Store) {
 
 func testConcurrentScoped(t *testing.T, s store.Store) {
 	ctx := t.Context()
+	createSandboxes(t, s, "sb")
 	const workers, perWorker = 4, 25
 	var wg sync.WaitGroup
 	versions := make(chan int64, workers*perWorker)
@@ -800,6 +816,146 @@ func testConcurrentScoped(t *testing.T, s store.Store) {
 	for v := int64(1); v <= workers*perWorker; v++ {
 		if !seen[v] {
 			t.Fatalf("version %d never assigned (got %d versions)", v, len(seen))
+		}
+	}
+}
+
+// ownedRecords writes records of every sandbox-owned type in scope id: two
+// policy revisions (backfill and revision), one settings record and one
+// draft policy chunk.
+func ownedRecords(t testing.TB, s store.Store, id string) {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := s.CommitPolicyRevision(ctx, store.PolicyRevision{
+		Revision: store.Record{Type: store.TypeSandboxPolicy, Scope: id, Status: "pending"},
+		Backfill: &store.Record{Status: "loaded"},
+	}); err != nil {
+		t.Fatalf("CommitPolicyRevision(%s): %v", id, err)
+	}
+	if _, err := s.CreateScoped(ctx, store.Record{Type: store.TypeSandboxSettings, Scope: id}); err != nil {
+		t.Fatalf("CreateScoped(settings, %s): %v", id, err)
+	}
+	if _, _, err := s.RecordHit(ctx, store.Record{Type: store.TypeDraftPolicyChunk, Scope: id, DedupKey: "api.example.com:443"}); err != nil {
+		t.Fatalf("RecordHit(%s): %v", id, err)
+	}
+}
+
+// countOwned counts the records of every sandbox-owned type in scope id.
+func countOwned(t testing.TB, s store.Store, id string) int {
+	t.Helper()
+	n := 0
+	for _, typ := range store.OwnedRecordTypes(store.TypeSandbox) {
+		recs, err := s.ListScoped(t.Context(), typ, id, store.MaxLimit, 0)
+		if err != nil {
+			t.Fatalf("ListScoped(%s, %s): %v", typ, id, err)
+		}
+		n += len(recs)
+	}
+	return n
+}
+
+// testOwnedRecords: a sandbox's scoped records (policy revisions,
+// settings, draft policy chunks) go with the sandbox row, by Delete and by
+// DeleteIf; records cannot be added for a sandbox that does not exist;
+// records of types without an owner stay.
+func testOwnedRecords(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	if got := store.OwnedRecordTypes(store.TypeSandbox); len(got) != 3 {
+		t.Fatalf("OwnedRecordTypes(sandbox) = %v, want policy, settings and draft chunks", got)
+	}
+	createSandboxes(t, s, "a", "b")
+	ownedRecords(t, s, "a")
+	ownedRecords(t, s, "b")
+	if _, err := s.CreateScoped(ctx, store.Record{Type: store.TypeGatewaySettings, Scope: "a"}); err != nil {
+		t.Fatalf("CreateScoped(gateway settings): %v", err)
+	}
+	if n := countOwned(t, s, "a"); n != 4 {
+		t.Fatalf("records of a = %d, want 4 (2 policy revisions, settings, draft chunk)", n)
+	}
+
+	// A stale DeleteIf removes nothing.
+	WantCode(t, s.DeleteIf(ctx, store.TypeSandbox, "a", 9), codes.Aborted)
+	if n := countOwned(t, s, "a"); n != 4 {
+		t.Fatalf("records of a after a conflicting DeleteIf = %d, want 4", n)
+	}
+	if err := s.DeleteIf(ctx, store.TypeSandbox, "a", 1); err != nil {
+		t.Fatalf("DeleteIf(a): %v", err)
+	}
+	if n := countOwned(t, s, "a"); n != 0 {
+		t.Fatalf("records of a after DeleteIf = %d, want 0", n)
+	}
+	if n := countOwned(t, s, "b"); n != 4 {
+		t.Fatalf("records of b after deleting a = %d, want 4", n)
+	}
+	if recs, err := s.ListScoped(ctx, store.TypeGatewaySettings, "a", 0, 0); err != nil || len(recs) != 1 {
+		t.Fatalf("gateway settings in scope a = %d (%v), want 1: only owned types go with the sandbox", len(recs), err)
+	}
+	if ok, err := s.Delete(ctx, store.TypeSandbox, "b"); !ok || err != nil {
+		t.Fatalf("Delete(b) = %v, %v", ok, err)
+	}
+	if n := countOwned(t, s, "b"); n != 0 {
+		t.Fatalf("records of b after Delete = %d, want 0", n)
+	}
+
+	// Nothing can be added for a sandbox that is gone.
+	_, err := s.CreateScoped(ctx, store.Record{Type: store.TypeSandboxPolicy, Scope: "a"})
+	WantCode(t, err, codes.NotFound)
+	_, _, err = s.RecordHit(ctx, store.Record{Type: store.TypeDraftPolicyChunk, Scope: "a", DedupKey: "k"})
+	WantCode(t, err, codes.NotFound)
+	_, err = s.CommitPolicyRevision(ctx, store.PolicyRevision{Revision: store.Record{Type: store.TypeSandboxPolicy, Scope: "a"}})
+	WantCode(t, err, codes.NotFound)
+	if n := countOwned(t, s, "a"); n != 0 {
+		t.Fatalf("records of deleted a after refused writes = %d, want 0", n)
+	}
+}
+
+// testOwnedRecordsConcurrentDelete races record writers against the
+// deletion of their sandbox: whichever order the database picks, no
+// record outlives the sandbox.
+func testOwnedRecordsConcurrentDelete(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	const rounds, writers = 10, 3
+	for round := range rounds {
+		id := fmt.Sprintf("race-%d", round)
+		createSandboxes(t, s, id)
+		var wg sync.WaitGroup
+		errs := make(chan error, writers*3+1)
+		start := make(chan struct{})
+		for w := range writers {
+			wg.Go(func() {
+				<-start
+				for i := range 3 {
+					var err error
+					switch i {
+					case 0:
+						_, err = s.CommitPolicyRevision(ctx, store.PolicyRevision{Revision: store.Record{Type: store.TypeSandboxPolicy, Scope: id}})
+					case 1:
+						_, err = s.CreateScoped(ctx, store.Record{Type: store.TypeSandboxSettings, Scope: id})
+					case 2:
+						_, _, err = s.RecordHit(ctx, store.Record{Type: store.TypeDraftPolicyChunk, Scope: id, DedupKey: fmt.Sprint("k", w)})
+					}
+					if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+						errs <- err
+					}
+				}
+			})
+		}
+		wg.Go(func() {
+			<-start
+			if ok, err := s.Delete(ctx, store.TypeSandbox, id); err != nil {
+				errs <- err
+			} else if !ok {
+				errs <- fmt.Errorf("Delete(%s) removed nothing", id)
+			}
+		})
+		close(start)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		if n := countOwned(t, s, id); n != 0 {
+			t.Fatalf("round %d: %d records outlived sandbox %s", round, n, id)
 		}
 	}
 }
