@@ -586,6 +586,19 @@ func (e *Engine) recompose(ctx context.Context, id string) (*openshellv1.Sandbox
 	})
 }
 
+// SetCurrentPolicyVersion records in the sandbox's status that its
+// supervisor loaded policy version v, and tells watchers.
+func (e *Engine) SetCurrentPolicyVersion(ctx context.Context, sandboxID string, v uint32) error {
+	_, err := e.mutate(ctx, sandboxID, func(sb *openshellv1.Sandbox) bool {
+		if sb.Status.CurrentPolicyVersion == v {
+			return false
+		}
+		sb.Status.CurrentPolicyVersion = v
+		return true
+	})
+	return err
+}
+
 // SessionChanged is the supervisor-presence hook: the relay calls it when a
 // supervisor session for sandboxID connects or ends.
 func (e *Engine) SessionChanged(ctx context.Context, sandboxID string, connected bool, instanceID string) {

@@ -413,3 +413,31 @@ func TestComposePhase(t *testing.T) {
 		})
 	}
 }
+
+func TestSetCurrentPolicyVersion(t *testing.T) {
+	e, st, _ := newEngine(t)
+	sb, err := e.Create(t.Context(), &openshellv1.CreateSandboxRequest{Name: "pv"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	updates, stop := e.Subscribe(sb.Metadata.Id)
+	defer stop()
+	if err := e.SetCurrentPolicyVersion(t.Context(), sb.Metadata.Id, 3); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.GetSandbox(t.Context(), sb.Metadata.Id); err != nil || got.GetStatus().GetCurrentPolicyVersion() != 3 {
+		t.Errorf("stored sandbox = %v, %v; want current_policy_version 3", got.GetStatus(), err)
+	}
+	timeout := time.After(10 * time.Second)
+	for published := false; !published; {
+		select {
+		case u := <-updates:
+			published = u.Sandbox.GetStatus().GetCurrentPolicyVersion() == 3
+		case <-timeout:
+			t.Fatal("no update with current_policy_version 3 published")
+		}
+	}
+	if err := e.SetCurrentPolicyVersion(t.Context(), "missing", 1); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("SetCurrentPolicyVersion(missing) = %v, want NotFound", err)
+	}
+}
