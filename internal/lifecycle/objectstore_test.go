@@ -73,7 +73,11 @@ func TestObjectStoreCreateIsAllOrNothing(t *testing.T) {
 	s := openSQLite(t)
 	o := lifecycle.ObjectStore{S: s}
 	sb := sandboxWithPolicy("2d3c0c4e-0000-4000-8000-000000000002", "pol")
-	// Occupy the revision's id so that its insert fails.
+	// Occupy the revision's id (in another sandbox's scope: records need
+	// their sandbox) so that its insert fails.
+	if _, err := s.Create(t.Context(), store.TypeSandbox, &openshellv1.Sandbox{Metadata: &datamodelv1.ObjectMeta{Id: "other", Name: "other", Workspace: "default"}}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := s.CreateScoped(t.Context(), store.Record{ID: policy.BaselineRecordID(sb.Metadata.Id), Type: policy.RecordType, Scope: "other"}); err != nil {
 		t.Fatal(err)
 	}
