@@ -73,11 +73,9 @@ func (o ObjectStore) UpdateSandbox(ctx context.Context, sb *openshellv1.Sandbox)
 	return nil
 }
 
-// DeleteSandbox removes a sandbox row and its policy revisions.
+// DeleteSandbox removes a sandbox row; the store removes its policy
+// revisions with it.
 func (o ObjectStore) DeleteSandbox(ctx context.Context, id string) error {
-	if _, err := o.S.DeleteByScope(ctx, policy.RecordType, id); err != nil {
-		return fmt.Errorf("delete policy revisions: %w", err)
-	}
 	_, err := o.S.Delete(ctx, store.TypeSandbox, id)
 	return err
 }

@@ -61,14 +61,18 @@ func BaselineRecordID(sandboxID string) string {
 	return uuid.NewSHA1(baselineNamespace, []byte("sandbox-policy/"+sandboxID+"/1")).String()
 }
 
-// DecodeRecord decodes a stored revision. Version comes from the record,
-// which is authoritative.
+// DecodeRecord decodes a stored revision. Version and status come from the
+// record's columns, which are authoritative (a supersede changes only the
+// column).
 func DecodeRecord(rec store.Record) (*openshellv1.SandboxPolicyRevision, error) {
 	rev := &openshellv1.SandboxPolicyRevision{}
 	if err := proto.Unmarshal(rec.Payload, rev); err != nil {
 		return nil, fmt.Errorf("decode policy revision %s@%d: %w", rec.Scope, rec.Version, err)
 	}
 	rev.Version = uint32(rec.Version)
+	if st, ok := openshellv1.PolicyStatus_value[rec.Status]; ok {
+		rev.Status = openshellv1.PolicyStatus(st)
+	}
 	return rev, nil
 }
 

@@ -1,0 +1,220 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/store"
+)
+
+// History reads and writes the policy revisions of sandboxes in a store.
+// Version 1 is the sandbox's creation-time policy (spec.policy, its
+// baseline); later versions come from UpdateConfig. It is safe for
+// concurrent use: every write is a single store transaction or CAS.
+type History struct {
+	Store store.Store
+	Now   func() time.Time // nil means time.Now
+}
+
+func (h History) now() time.Time {
+	if h.Now == nil {
+		return time.Now()
+	}
+	return h.Now()
+}
+
+var errNoRevision = errdefs.NotFound("no policy revision found for this sandbox")
+
+// Latest returns sb's newest revision. A sandbox with spec.policy but no
+// revision yet (created before revisions were stored at create) gets
+// spec.policy stored as version 1 first. A sandbox without any policy is
+// NotFound.
+func (h History) Latest(ctx context.Context, sb *openshellv1.Sandbox) (*openshellv1.SandboxPolicyRevision, error) {
+	id := sb.GetMetadata().GetId()
+	rec, err := h.Store.GetLatestScoped(ctx, RecordType, id, "")
+	if errors.Is(err, errdefs.ErrNotFound) && sb.GetSpec().GetPolicy() != nil {
+		base, berr := BaselineRecord(id, sb.GetSpec().GetPolicy(), h.now())
+		if berr != nil {
+			return nil, berr
+		}
+		// AlreadyExists: someone else stored it first; read theirs.
+		if _, berr := h.Store.CreateScoped(ctx, base); berr != nil && !errors.Is(berr, errdefs.ErrAlreadyExists) {
+			return nil, fmt.Errorf("store policy version 1: %w", berr)
+		}
+		rec, err = h.Store.GetLatestScoped(ctx, RecordType, id, "")
+	}
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil, errNoRevision
+	}
+	if err != nil {
+		return nil, err
+	}
+	return DecodeRecord(rec)
+}
+
+// Get returns version v of sandboxID's policy, the newest when v is 0.
+func (h History) Get(ctx context.Context, sandboxID string, v uint32) (*openshellv1.SandboxPolicyRevision, error) {
+	rec, err := h.find(ctx, sandboxID, v)
+	if err != nil {
+		return nil, err
+	}
+	return DecodeRecord(rec)
+}
+
+// List returns sandboxID's revisions, newest first.
+func (h History) List(ctx context.Context, sandboxID string, limit, offset int) ([]*openshellv1.SandboxPolicyRevision, error) {
+	recs, err := h.Store.ListScoped(ctx, RecordType, sandboxID, limit, offset)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*openshellv1.SandboxPolicyRevision, 0, len(recs))
+	for _, rec := range recs {
+		rev, err := DecodeRecord(rec)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rev)
+	}
+	return out, nil
+}
+
+// find returns the record of version v (0 = newest).
+func (h History) find(ctx context.Context, sandboxID string, v uint32) (store.Record, error) {
+	if v == 0 {
+		rec, err := h.Store.GetLatestScoped(ctx, RecordType, sandboxID, "")
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return store.Record{}, errNoRevision
+		}
+		return rec, err
+	}
+	for offset := 0; ; offset += store.MaxLimit {
+		recs, err := h.Store.ListScoped(ctx, RecordType, sandboxID, store.MaxLimit, offset)
+		if err != nil {
+			return store.Record{}, err
+		}
+		for _, rec := range recs { // newest first
+			if rec.Version == int64(v) {
+				return rec, nil
+			}
+			if rec.Version < int64(v) {
+				return store.Record{}, errNoRevision
+			}
+		}
+		if len(recs) < store.MaxLimit {
+			return store.Record{}, errNoRevision
+		}
+	}
+}
+
+// Update stores next as sb's new policy revision (PENDING) and returns it.
+// next must pass ValidateUpdate against sb's baseline (spec.policy): on a
+// live sandbox only the network sections may change. A policy equal to the
+// newest revision is not stored again; that revision is returned. A
+// sandbox without a baseline takes next as its baseline: it is written to
+// spec.policy in the same transaction (the supervisor's first sync).
+func (h History) Update(ctx context.Context, sb *openshellv1.Sandbox, next *sandboxv1.SandboxPolicy) (*openshellv1.SandboxPolicyRevision, error) {
+	baseline := sb.GetSpec().GetPolicy()
+	if err := ValidateUpdate(baseline, next); err != nil {
+		return nil, err
+	}
+	id := sb.GetMetadata().GetId()
+	hash := Hash(next)
+	if latest, err := h.Latest(ctx, sb); err == nil && latest.GetPolicyHash() == hash {
+		return latest, nil
+	} else if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, err
+	}
+	now := h.now()
+	rec, err := NewRecord(id, next, now)
+	if err != nil {
+		return nil, err
+	}
+	commit := store.PolicyRevision{
+		Revision:        rec,
+		SupersedeStatus: openshellv1.PolicyStatus_POLICY_STATUS_SUPERSEDED.String(),
+		SupersedeFrom:   []string{openshellv1.PolicyStatus_POLICY_STATUS_PENDING.String()},
+	}
+	if baseline != nil {
+		bf, err := BaselineRecord(id, baseline, now)
+		if err != nil {
+			return nil, err
+		}
+		commit.Backfill = &bf
+	} else {
+		commit.Project = &store.Projection{
+			Type: store.TypeSandbox, ID: id, Msg: &openshellv1.Sandbox{},
+			Mutate: func(m proto.Message) error {
+				row := m.(*openshellv1.Sandbox)
+				if row.GetSpec().GetPolicy() != nil {
+					return errdefs.Conflict(fmt.Sprintf("sandbox %q got its policy while this update was in flight; retry", sb.GetMetadata().GetName()))
+				}
+				if row.Spec == nil {
+					row.Spec = &openshellv1.SandboxSpec{}
+				}
+				row.Spec.Policy = next
+				return nil
+			},
+		}
+	}
+	res, err := h.Store.CommitPolicyRevision(ctx, commit)
+	if err != nil {
+		return nil, err
+	}
+	return DecodeRecord(res.Revision)
+}
+
+// Report records the status a supervisor reported for version v of
+// sandboxID's policy: LOADED (older PENDING and LOADED revisions become
+// SUPERSEDED) or FAILED with loadError.
+func (h History) Report(ctx context.Context, sandboxID string, v uint32, status openshellv1.PolicyStatus, loadError string) error {
+	if v == 0 {
+		return errdefs.InvalidArgument("version is required")
+	}
+	loaded := status == openshellv1.PolicyStatus_POLICY_STATUS_LOADED
+	if !loaded && status != openshellv1.PolicyStatus_POLICY_STATUS_FAILED {
+		return errdefs.InvalidArgument("status must be LOADED or FAILED")
+	}
+	for attempt := 0; ; attempt++ {
+		rec, err := h.find(ctx, sandboxID, v)
+		if errors.Is(err, errNoRevision) {
+			return errdefs.NotFound(fmt.Sprintf("policy version %d not found", v))
+		}
+		if err != nil {
+			return err
+		}
+		rev, err := DecodeRecord(rec)
+		if err != nil {
+			return err
+		}
+		rev.Status, rev.LoadError, rev.LoadedAtMs = status, "", 0
+		if loaded {
+			rev.LoadedAtMs = h.now().UnixMilli()
+		} else {
+			rev.LoadError = loadError
+		}
+		if err := EncodeRecord(&rec, rev); err != nil {
+			return err
+		}
+		_, err = h.Store.UpdateScoped(ctx, rec, rec.ResourceVersion)
+		if errors.Is(err, errdefs.ErrConflict) && attempt < 4 {
+			continue // a concurrent supersede; read again
+		}
+		if err != nil {
+			return err
+		}
+		break
+	}
+	if loaded {
+		_, err := h.Store.SupersedeScoped(ctx, RecordType, sandboxID, int64(v), openshellv1.PolicyStatus_POLICY_STATUS_SUPERSEDED.String(),
+			openshellv1.PolicyStatus_POLICY_STATUS_PENDING.String(), openshellv1.PolicyStatus_POLICY_STATUS_LOADED.String())
+		return err
+	}
+	return nil
+}
