@@ -50,7 +50,7 @@ check-tidy: ## fail when go.mod/go.sum are not tidy
 	$(GO) mod tidy
 	@git diff --exit-code -- go.mod go.sum || { echo "go.mod/go.sum not tidy: run go mod tidy"; exit 1; }
 
-check-imports: ## api/ must import nothing internal
+check-imports: ## import rules (hack/check-imports.sh): api/ isolated, drivers, test helpers, server, API domains
 	./hack/check-imports.sh
 
 check: lint check-generated check-tidy check-imports ## every static check

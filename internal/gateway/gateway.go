@@ -23,6 +23,8 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
+	"github.com/openshell-go/openshell/internal/api"
+	"github.com/openshell-go/openshell/internal/api/identity"
 	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/auth/mtls"
 	"github.com/openshell-go/openshell/internal/auth/oidc"
@@ -34,7 +36,6 @@ import (
 	"github.com/openshell-go/openshell/internal/lifecycle"
 	"github.com/openshell-go/openshell/internal/pki"
 	"github.com/openshell-go/openshell/internal/relay"
-	"github.com/openshell-go/openshell/internal/sandboxapi"
 	"github.com/openshell-go/openshell/internal/sandboxlog"
 	"github.com/openshell-go/openshell/internal/server"
 	"github.com/openshell-go/openshell/internal/store"
@@ -186,11 +187,11 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	if cfg.TLS.Enabled {
 		scheme = "https"
 	}
-	var apiMinter sandboxapi.TokenMinter
+	var apiMinter identity.TokenMinter
 	if issuer != nil {
 		apiMinter = issuer
 	}
-	sandboxes := sandboxapi.New(sandboxapi.Options{
+	sandboxes := api.New(api.Options{
 		Engine: engine, Relay: relays, Logs: sandboxlog.New(0), Store: st, Minter: apiMinter,
 		SSHSessionTTL: cfg.SSHSessionTTL, GatewayHost: host, GatewayPort: port, GatewayScheme: scheme, Logger: logger,
 		OIDC: cfg.OIDC.Enabled(), AdminRole: cfg.OIDC.AdminRole,
@@ -215,7 +216,7 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 		Logger: logger, Authenticator: chain, Authorizer: authz, CallbackListener: cbLn,
 		RateLimit: server.RateLimit{Requests: cfg.RateLimit.Requests, Window: cfg.RateLimit.Window},
 		Deps: server.Deps{
-			Logger: logger, Sandboxes: sandboxes,
+			Logger: logger, API: sandboxes,
 			Drivers: func(context.Context) ([]server.DriverInfo, error) {
 				return []server.DriverInfo{{Name: driverName, Capabilities: caps}}, nil
 			},

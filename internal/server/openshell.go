@@ -10,7 +10,6 @@ import (
 	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
-	"github.com/openshell-go/openshell/internal/store"
 	"github.com/openshell-go/openshell/internal/version"
 )
 
@@ -37,15 +36,14 @@ type Deps struct {
 	Version string
 	// Status reports the gateway's health; nil = always HEALTHY.
 	Status func(ctx context.Context) openshellv1.ServiceStatus
-	// Store is the gateway's durable state.
-	Store store.Store
 	// Drivers lists the configured compute drivers.
 	Drivers func(ctx context.Context) ([]DriverInfo, error)
 	// SandboxTokens mints sandbox JWTs; nil when JWT minting is off.
 	SandboxTokens SandboxTokenIssuer
-	// Sandboxes implements the sandbox, relay and supervisor RPCs
-	// (sandboxapi.Service); nil leaves them Unimplemented.
-	Sandboxes openshellv1.OpenShellServer
+	// API implements every RPC but the gateway-level ones above
+	// (internal/api.Service, composed of the API domain packages); nil
+	// leaves them Unimplemented.
+	API openshellv1.OpenShellServer
 }
 
 // OpenShellService implements openshell.v1.OpenShell. Its handlers are
@@ -54,7 +52,7 @@ type Deps struct {
 // concurrent use.
 type OpenShellService struct {
 	// OpenShellServer serves every RPC this type does not define itself:
-	// Deps.Sandboxes, or Unimplemented.
+	// Deps.API, or Unimplemented.
 	openshellv1.OpenShellServer
 	deps Deps
 }
@@ -70,8 +68,8 @@ func NewOpenShellService(deps Deps) *OpenShellService {
 		deps.Version = version.Version
 	}
 	var rest openshellv1.OpenShellServer = openshellv1.UnimplementedOpenShellServer{}
-	if deps.Sandboxes != nil {
-		rest = deps.Sandboxes
+	if deps.API != nil {
+		rest = deps.API
 	}
 	return &OpenShellService{OpenShellServer: rest, deps: deps}
 }

@@ -1,11 +1,10 @@
-package sandboxapi
+package api
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -13,104 +12,33 @@ import (
 
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/api/apitest"
+	"github.com/openshell-go/openshell/internal/api/authz"
 	"github.com/openshell-go/openshell/internal/auth"
-	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
-	"github.com/openshell-go/openshell/internal/lifecycle"
 	"github.com/openshell-go/openshell/internal/store"
-	"github.com/openshell-go/openshell/internal/store/open"
 )
 
-// fakeDriver keeps backend sandboxes in a map (unit logic only; the
-// gateway end-to-end tests run the real process driver).
-type fakeDriver struct {
-	mu  sync.Mutex
-	sbs map[string]compute.Sandbox
-}
-
-func (d *fakeDriver) Capabilities(context.Context) (compute.Capabilities, error) {
-	return compute.Capabilities{DriverName: "fake", DefaultImage: "img"}, nil
-}
-func (d *fakeDriver) ListenerRequirements(context.Context) ([]compute.ListenerRequirement, error) {
-	return nil, nil
-}
-func (d *fakeDriver) ValidateCreate(context.Context, compute.Sandbox) error { return nil }
-func (d *fakeDriver) Create(_ context.Context, sb compute.Sandbox) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.sbs[sb.ID] = sb
-	return nil
-}
-func (d *fakeDriver) Get(_ context.Context, ref compute.Ref) (compute.Sandbox, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	sb, ok := d.sbs[ref.ID]
-	if !ok {
-		return compute.Sandbox{}, errdefs.ErrNotFound
-	}
-	return sb, nil
-}
-func (d *fakeDriver) List(context.Context) ([]compute.Sandbox, error) { return nil, nil }
-func (d *fakeDriver) Stop(context.Context, compute.Ref) error         { return nil }
-func (d *fakeDriver) Start(context.Context, compute.Ref) error        { return nil }
-func (d *fakeDriver) Delete(_ context.Context, ref compute.Ref) (bool, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	_, ok := d.sbs[ref.ID]
-	delete(d.sbs, ref.ID)
-	return ok, nil
-}
-func (d *fakeDriver) Watch(context.Context) (<-chan compute.Event, func() error, error) {
-	return nil, nil, errdefs.Unimplemented("watch")
-}
-func (d *fakeDriver) EnsureWorkspace(context.Context, string) error { return nil }
-func (d *fakeDriver) DeleteWorkspace(context.Context, string) error { return nil }
-
-const adminRole = "openshell-admin"
+const adminRole = apitest.AdminRole
 
 // newTestService returns a Service over a real SQLite store holding the
 // default workspace, as the gateway creates it at start.
 func newTestService(t *testing.T, oidc bool) (*Service, store.Store) {
 	t.Helper()
-	st, err := open.Open(t.Context(), "sqlite:"+t.TempDir()+"/gateway.db", nil)
-	if err != nil {
-		t.Fatalf("open store: %v", err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	def := &datamodelv1.Workspace{
-		Metadata: &datamodelv1.ObjectMeta{Id: "workspace-default", Name: "default"},
-		Status:   &datamodelv1.WorkspaceStatus{Phase: datamodelv1.WorkspacePhase_WORKSPACE_PHASE_ACTIVE},
-	}
-	if _, err := st.Create(t.Context(), store.TypeWorkspace, def); err != nil {
-		t.Fatalf("create default workspace: %v", err)
-	}
-	eng, err := lifecycle.New(t.Context(), lifecycle.Options{Store: lifecycle.ObjectStore{S: st}, Driver: &fakeDriver{sbs: map[string]compute.Sandbox{}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := New(Options{Engine: eng, Store: st, OIDC: oidc, AdminRole: adminRole})
+	env := apitest.NewEnv(t)
+	s := New(Options{Engine: env.Engine, Store: env.Store, OIDC: oidc, AdminRole: adminRole})
 	t.Cleanup(s.Close)
-	return s, st
+	return s, env.Store
 }
-
-func as(ctx context.Context, p *auth.Principal) context.Context { return auth.NewContext(ctx, p) }
 
 var (
-	localDev = &auth.Principal{Kind: auth.KindUser, Source: auth.SourceLocalDev, Subject: "unauthenticated-local-dev", Roles: []string{auth.DefaultUserRole, adminRole}}
-	mtlsUser = &auth.Principal{Kind: auth.KindUser, Source: auth.SourceMTLS, Subject: "openshell-client", Roles: []string{auth.DefaultUserRole}}
-	oidcRoot = &auth.Principal{Kind: auth.KindUser, Source: auth.SourceOIDC, Subject: "root", Roles: []string{adminRole}}
+	as       = apitest.As
+	wantErr  = apitest.WantErr
+	localDev = apitest.LocalDev
+	mtlsUser = apitest.MTLSUser
+	oidcRoot = apitest.OIDCRoot
+	oidcUser = apitest.OIDCUser
 )
-
-func oidcUser(subject string) *auth.Principal {
-	return &auth.Principal{Kind: auth.KindUser, Source: auth.SourceOIDC, Subject: subject, Roles: []string{auth.DefaultUserRole}}
-}
-
-func wantErr(t *testing.T, what string, err error, code codes.Code, msg string) {
-	t.Helper()
-	if got := errdefs.Code(err); got != code || !strings.Contains(fmt.Sprint(err), msg) {
-		t.Fatalf("%s: error = %v (%v), want %v containing %q", what, err, got, code, msg)
-	}
-}
 
 func mustCreateWorkspace(t *testing.T, s *Service, ctx context.Context, name string, labels map[string]string) *datamodelv1.Workspace {
 	t.Helper()
@@ -262,10 +190,13 @@ func TestDeleteWorkspace(t *testing.T) {
 }
 
 func TestCreateSandboxRefusesTerminatingWorkspace(t *testing.T) {
-	s, _ := newTestService(t, false)
+	s, st := newTestService(t, false)
 	ctx := as(t.Context(), localDev)
 	mustCreateWorkspace(t, s, ctx, "team-a", nil)
-	if _, _, err := s.setWorkspacePhase(ctx, "team-a", 0, workspaceTerminating); err != nil {
+	if _, _, err := store.UpdateCASAs(ctx, st, store.TypeWorkspace, authz.WorkspaceID("team-a"), 0, func() *datamodelv1.Workspace { return &datamodelv1.Workspace{} }, func(w *datamodelv1.Workspace) error {
+		w.Status.Phase = authz.WorkspaceTerminating
+		return nil
+	}); err != nil {
 		t.Fatal(err)
 	}
 	_, err := s.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "x", Workspace: "team-a"})
@@ -372,7 +303,7 @@ func TestWorkspaceMembers(t *testing.T) {
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) { wantErr(t, tc.name, tc.call(), tc.code, tc.msg) })
 	}
-	if _, err := s.member(ctx, "nope", "carol"); errdefs.Code(err) != codes.NotFound {
+	if _, err := s.Authz.Member(ctx, "nope", "carol"); errdefs.Code(err) != codes.NotFound {
 		t.Fatalf("a rejected add left a member behind: %v", err)
 	}
 }
@@ -544,13 +475,13 @@ func TestMembershipMatrix(t *testing.T) {
 
 	// A sandbox principal is scoped by id, not by membership.
 	sbCtx := as(t.Context(), &auth.Principal{Kind: auth.KindSandbox, Source: auth.SourceSandboxJWT, SandboxID: sbID})
-	if err := s.authorizeWorkspace(sbCtx, "team-a", openshellv1.WorkspaceRole_WORKSPACE_ROLE_ADMIN); err != nil {
+	if err := s.Authz.Workspace(sbCtx, "team-a", openshellv1.WorkspaceRole_WORKSPACE_ROLE_ADMIN); err != nil {
 		t.Errorf("authorizeWorkspace(sandbox principal) = %v, want nil", err)
 	}
 	if _, err := s.GetSandboxLogs(sbCtx, &openshellv1.GetSandboxLogsRequest{SandboxId: sbID}); err != nil {
 		t.Errorf("GetSandboxLogs(own sandbox) = %v", err)
 	}
-	if s.platformAdmin(sbCtx) {
+	if s.Authz.PlatformAdmin(sbCtx) {
 		t.Error("a sandbox principal is a platform admin")
 	}
 }

@@ -1,4 +1,4 @@
-package sandboxapi
+package exec
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/api/authz"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/relay"
 	"github.com/openshell-go/openshell/internal/store"
@@ -49,12 +50,12 @@ func (s *Service) RevokeSshSession(ctx context.Context, req *openshellv1.RevokeS
 	}
 	sess := &openshellv1.SshSession{}
 	if err := s.o.Store.Get(ctx, store.TypeSSHSession, req.GetToken(), sess); err != nil {
-		if isNotFound(err) {
+		if errors.Is(err, errdefs.ErrNotFound) {
 			return &openshellv1.RevokeSshSessionResponse{Revoked: false}, nil
 		}
 		return nil, err
 	}
-	if err := ensureSandboxScope(ctx, sess.GetSandboxId()); err != nil {
+	if err := authz.EnsureSandboxScope(ctx, sess.GetSandboxId()); err != nil {
 		return nil, err
 	}
 	if sess.GetRevoked() {
@@ -123,7 +124,7 @@ func (s *Service) authorizeForward(ctx context.Context, init *openshellv1.TcpFor
 	}
 	sess := &openshellv1.SshSession{}
 	if err := s.o.Store.Get(ctx, store.TypeSSHSession, init.GetAuthorizationToken(), sess); err != nil {
-		if isNotFound(err) {
+		if errors.Is(err, errdefs.ErrNotFound) {
 			return errdefs.Unauthenticated("invalid or expired ssh session token")
 		}
 		return err

@@ -1,4 +1,4 @@
-package sandboxapi
+package exec
 
 import (
 	"bytes"
@@ -61,7 +61,7 @@ func validateExec(req *openshellv1.ExecSandboxRequest, interactive bool) error {
 // readySandbox loads a sandbox the caller may exec into and checks it is
 // READY.
 func (s *Service) readySandbox(ctx context.Context, id string) (*openshellv1.Sandbox, error) {
-	sb, err := s.sandboxForCaller(ctx, id)
+	sb, err := s.o.Authz.SandboxForCaller(ctx, id)
 	if err != nil {
 		return nil, err
 	}

@@ -1,33 +1,55 @@
-package sandboxapi
+// Package workspaces implements the workspace and membership RPCs of
+// openshell.v1.OpenShell: Create/Get/List/DeleteWorkspace (creation and
+// deletion for platform admins) and Add/Remove/ListWorkspaceMembers
+// (workspace admins and platform admins; listing for members).
+//
+// Workspaces and members are store objects; their layout and the
+// membership check itself live in authz, which every domain shares.
+package workspaces
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/api/authz"
 	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/lifecycle"
 	"github.com/openshell-go/openshell/internal/store"
 )
 
-// Workspaces are stored as store.TypeWorkspace objects with an empty
-// workspace column and id "workspace-<name>" (the gateway creates
-// "workspace-default" at start). Members are store.TypeWorkspaceMember
-// objects in their workspace, named by principal subject, so a subject
-// holds at most one membership per workspace.
+// Options wire a Service.
+type Options struct {
+	Store store.Store
+	// Engine releases a deleted workspace's backend scope; nil skips it.
+	Engine *lifecycle.Engine
+	Authz  *authz.Authorizer
+	Logger *slog.Logger
+}
+
+// Service implements the workspace RPCs. It is safe for concurrent use.
+type Service struct {
+	o   Options
+	log *slog.Logger
+}
+
+// New returns a Service.
+func New(o Options) *Service {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Service{o: o, log: o.Logger.With("component", "api/workspaces")}
+}
 
 const (
-	maxWorkspaceNameLen  = 63
-	maxSubjectLen        = 1024
-	workspaceActive      = datamodelv1.WorkspacePhase_WORKSPACE_PHASE_ACTIVE
-	workspaceTerminating = datamodelv1.WorkspacePhase_WORKSPACE_PHASE_TERMINATING
+	maxWorkspaceNameLen = 63
+	maxSubjectLen       = 1024
 )
-
-func workspaceID(name string) string { return "workspace-" + name }
 
 func newWorkspace() *datamodelv1.Workspace { return &datamodelv1.Workspace{} }
 
@@ -52,18 +74,9 @@ func validateWorkspaceName(name string) error {
 	return nil
 }
 
-// workspace reads workspace name; NotFound `workspace "<name>" not found`.
-func (s *Service) workspace(ctx context.Context, name string) (*datamodelv1.Workspace, error) {
-	w, err := store.GetAs(ctx, s.o.Store, store.TypeWorkspace, workspaceID(name), newWorkspace)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return nil, errdefs.NotFound(fmt.Sprintf("workspace %q not found", name))
-	}
-	return w, err
-}
-
 // CreateWorkspace creates an ACTIVE workspace (platform admins).
 func (s *Service) CreateWorkspace(ctx context.Context, req *openshellv1.CreateWorkspaceRequest) (*openshellv1.CreateWorkspaceResponse, error) {
-	if err := s.requirePlatformAdmin(ctx); err != nil {
+	if err := s.o.Authz.RequirePlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	name := req.GetName()
@@ -74,8 +87,8 @@ func (s *Service) CreateWorkspace(ctx context.Context, req *openshellv1.CreateWo
 		return nil, err
 	}
 	w := &datamodelv1.Workspace{
-		Metadata: &datamodelv1.ObjectMeta{Id: workspaceID(name), Name: name, Labels: req.GetLabels()},
-		Status:   &datamodelv1.WorkspaceStatus{Phase: workspaceActive},
+		Metadata: &datamodelv1.ObjectMeta{Id: authz.WorkspaceID(name), Name: name, Labels: req.GetLabels()},
+		Status:   &datamodelv1.WorkspaceStatus{Phase: authz.WorkspaceActive},
 	}
 	res, err := s.o.Store.Create(ctx, store.TypeWorkspace, w)
 	if err != nil {
@@ -96,13 +109,13 @@ func (s *Service) GetWorkspace(ctx context.Context, req *openshellv1.GetWorkspac
 	if name == "" {
 		return nil, errdefs.InvalidArgument("name is required")
 	}
-	if err := s.authorizeWorkspace(ctx, name, openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER); err != nil {
+	if err := s.o.Authz.Workspace(ctx, name, openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER); err != nil {
 		if errors.Is(err, errdefs.ErrPermissionDenied) {
 			return nil, errdefs.NotFound(fmt.Sprintf("workspace %q not found", name))
 		}
 		return nil, err
 	}
-	w, err := s.workspace(ctx, name)
+	w, err := s.o.Authz.LoadWorkspace(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +128,7 @@ func (s *Service) ListWorkspaces(ctx context.Context, req *openshellv1.ListWorks
 	if req.GetLimit() > store.MaxLimit {
 		return nil, errdefs.InvalidArgument(fmt.Sprintf("limit exceeds maximum (%d > %d)", req.GetLimit(), store.MaxLimit))
 	}
-	if s.platformAdmin(ctx) {
+	if s.o.Authz.PlatformAdmin(ctx) {
 		list, err := store.ListAs(ctx, s.o.Store, store.TypeWorkspace, store.ListOptions{
 			AllWorkspaces: true, Limit: int(req.GetLimit()), Offset: int(req.GetOffset()), LabelSelector: req.GetLabelSelector(),
 		}, newWorkspace)
@@ -194,7 +207,7 @@ func (s *Service) eachObject(ctx context.Context, objType string, opts store.Lis
 // refuses it while the sandboxes are counted; a workspace that still has
 // sandboxes goes back to ACTIVE and the call fails.
 func (s *Service) DeleteWorkspace(ctx context.Context, req *openshellv1.DeleteWorkspaceRequest) (*openshellv1.DeleteWorkspaceResponse, error) {
-	if err := s.requirePlatformAdmin(ctx); err != nil {
+	if err := s.o.Authz.RequirePlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	name := req.GetName()
@@ -204,12 +217,12 @@ func (s *Service) DeleteWorkspace(ctx context.Context, req *openshellv1.DeleteWo
 	if name == lifecycle.DefaultWorkspace {
 		return nil, errdefs.FailedPrecondition(fmt.Sprintf("workspace %q cannot be deleted", name))
 	}
-	w, err := s.workspace(ctx, name)
+	w, err := s.o.Authz.LoadWorkspace(ctx, name)
 	if err != nil {
 		return nil, err
 	}
 	prev := w.GetStatus().GetPhase()
-	if _, _, err := s.setWorkspacePhase(ctx, name, w.GetMetadata().GetResourceVersion(), workspaceTerminating); err != nil {
+	if _, _, err := s.setWorkspacePhase(ctx, name, w.GetMetadata().GetResourceVersion(), authz.WorkspaceTerminating); err != nil {
 		return nil, err
 	}
 	n, err := s.countSandboxes(ctx, name)
@@ -239,7 +252,7 @@ func (s *Service) DeleteWorkspace(ctx context.Context, req *openshellv1.DeleteWo
 			return nil, err
 		}
 	}
-	deleted, err := s.o.Store.Delete(ctx, store.TypeWorkspace, workspaceID(name))
+	deleted, err := s.o.Store.Delete(ctx, store.TypeWorkspace, authz.WorkspaceID(name))
 	if err != nil {
 		return nil, err
 	}
@@ -250,7 +263,7 @@ func (s *Service) DeleteWorkspace(ctx context.Context, req *openshellv1.DeleteWo
 // setWorkspacePhase writes the phase of workspace name (CAS on expectedRV;
 // 0 = the version read).
 func (s *Service) setWorkspacePhase(ctx context.Context, name string, expectedRV uint64, phase datamodelv1.WorkspacePhase) (*datamodelv1.Workspace, store.WriteResult, error) {
-	return store.UpdateCASAs(ctx, s.o.Store, store.TypeWorkspace, workspaceID(name), expectedRV, newWorkspace, func(w *datamodelv1.Workspace) error {
+	return store.UpdateCASAs(ctx, s.o.Store, store.TypeWorkspace, authz.WorkspaceID(name), expectedRV, newWorkspace, func(w *datamodelv1.Workspace) error {
 		if w.Status == nil {
 			w.Status = &datamodelv1.WorkspaceStatus{}
 		}
@@ -279,10 +292,10 @@ func (s *Service) AddWorkspaceMember(ctx context.Context, req *openshellv1.AddWo
 	if role != openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER && role != openshellv1.WorkspaceRole_WORKSPACE_ROLE_ADMIN {
 		return nil, errdefs.InvalidArgument("role must be WORKSPACE_ROLE_USER or WORKSPACE_ROLE_ADMIN")
 	}
-	if err := s.authorizeWorkspace(ctx, ws, openshellv1.WorkspaceRole_WORKSPACE_ROLE_ADMIN); err != nil {
+	if err := s.o.Authz.Workspace(ctx, ws, openshellv1.WorkspaceRole_WORKSPACE_ROLE_ADMIN); err != nil {
 		return nil, err
 	}
-	if _, err := s.workspace(ctx, ws); err != nil {
+	if _, err := s.o.Authz.LoadWorkspace(ctx, ws); err != nil {
 		return nil, err
 	}
 	// Upsert: update an existing membership, else create one; a racing
@@ -299,7 +312,7 @@ func (s *Service) AddWorkspaceMember(ctx context.Context, req *openshellv1.AddWo
 }
 
 func (s *Service) upsertMember(ctx context.Context, ws, subject string, role openshellv1.WorkspaceRole) (*openshellv1.WorkspaceMember, error) {
-	cur, err := s.member(ctx, ws, subject)
+	cur, err := s.o.Authz.Member(ctx, ws, subject)
 	switch {
 	case err == nil:
 		if cur.GetRole() == role {
@@ -346,13 +359,13 @@ func (s *Service) RemoveWorkspaceMember(ctx context.Context, req *openshellv1.Re
 	if err := validateMemberRequest(ws, subject); err != nil {
 		return nil, err
 	}
-	if err := s.authorizeWorkspace(ctx, ws, openshellv1.WorkspaceRole_WORKSPACE_ROLE_ADMIN); err != nil {
+	if err := s.o.Authz.Workspace(ctx, ws, openshellv1.WorkspaceRole_WORKSPACE_ROLE_ADMIN); err != nil {
 		return nil, err
 	}
-	if _, err := s.workspace(ctx, ws); err != nil {
+	if _, err := s.o.Authz.LoadWorkspace(ctx, ws); err != nil {
 		return nil, err
 	}
-	m, err := s.member(ctx, ws, subject)
+	m, err := s.o.Authz.Member(ctx, ws, subject)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return &openshellv1.RemoveWorkspaceMemberResponse{Removed: false}, nil
 	}
@@ -376,10 +389,10 @@ func (s *Service) ListWorkspaceMembers(ctx context.Context, req *openshellv1.Lis
 	if req.GetLimit() > store.MaxLimit {
 		return nil, errdefs.InvalidArgument(fmt.Sprintf("limit exceeds maximum (%d > %d)", req.GetLimit(), store.MaxLimit))
 	}
-	if err := s.authorizeWorkspace(ctx, ws, openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER); err != nil {
+	if err := s.o.Authz.Workspace(ctx, ws, openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER); err != nil {
 		return nil, err
 	}
-	if _, err := s.workspace(ctx, ws); err != nil {
+	if _, err := s.o.Authz.LoadWorkspace(ctx, ws); err != nil {
 		return nil, err
 	}
 	list, err := store.ListAs(ctx, s.o.Store, store.TypeWorkspaceMember, store.ListOptions{

@@ -1,12 +1,57 @@
-package sandboxapi
+// Package logs implements the log and watch RPCs of openshell.v1.OpenShell:
+// GetSandboxLogs and WatchSandbox (users, or a sandbox for itself) and
+// PushSandboxLogs (a sandbox's supervisor pushing its own lines). Lines are
+// kept in a bounded in-memory buffer per sandbox (sandboxlog).
+package logs
 
 import (
 	"context"
+	"errors"
+	"io"
+	"sync"
+	"time"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/api/authz"
 	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/lifecycle"
 	"github.com/openshell-go/openshell/internal/sandboxlog"
 )
+
+// Options wire a Service.
+type Options struct {
+	Engine *lifecycle.Engine
+	Logs   *sandboxlog.Buffer
+	Authz  *authz.Authorizer
+	Now    func() time.Time
+}
+
+// Service implements the log RPCs. It is safe for concurrent use; Close
+// ends its long-lived streams.
+type Service struct {
+	o Options
+	// closing ends long-lived streams (log pushes, watches) at shutdown.
+	closing   chan struct{}
+	closeOnce sync.Once
+}
+
+// New returns a Service.
+func New(o Options) *Service {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logs == nil {
+		o.Logs = sandboxlog.New(0)
+	}
+	return &Service{o: o, closing: make(chan struct{})}
+}
+
+// Close ends the service's long-lived streams so a graceful drain does not
+// wait for its deadline. Unary calls are unaffected.
+func (s *Service) Close() { s.closeOnce.Do(func() { close(s.closing) }) }
+
+// DropSandbox forgets the buffered lines of a deleted sandbox.
+func (s *Service) DropSandbox(sandboxID string) { s.o.Logs.Drop(sandboxID) }
 
 const defaultLogTail = 200
 
@@ -16,7 +61,7 @@ func logFilter(tail uint32, since int64, sources []string, minLevel string) sand
 
 // GetSandboxLogs returns recent log lines of a sandbox.
 func (s *Service) GetSandboxLogs(ctx context.Context, req *openshellv1.GetSandboxLogsRequest) (*openshellv1.GetSandboxLogsResponse, error) {
-	sb, err := s.sandboxForCaller(ctx, req.GetSandboxId())
+	sb, err := s.o.Authz.SandboxForCaller(ctx, req.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}
@@ -39,7 +84,7 @@ func (s *Service) WatchSandbox(req *openshellv1.WatchSandboxRequest, stream open
 	if req.GetId() == "" {
 		return errdefs.InvalidArgument("id is required")
 	}
-	if err := ensureSandboxScope(ctx, req.GetId()); err != nil {
+	if err := authz.EnsureSandboxScope(ctx, req.GetId()); err != nil {
 		return err
 	}
 	// Subscribe before reading the snapshot so nothing falls in between.
@@ -113,6 +158,63 @@ func (s *Service) WatchSandbox(req *openshellv1.WatchSandboxRequest, stream open
 					return err
 				}
 			}
+		}
+	}
+}
+
+// maxLogLine bounds a single pushed log message.
+const maxLogLine = 16 << 10
+
+// PushSandboxLogs receives log batches from a supervisor.
+func (s *Service) PushSandboxLogs(stream openshellv1.OpenShell_PushSandboxLogsServer) error {
+	id, err := authz.RequireSandboxPrincipal(stream.Context())
+	if err != nil {
+		return err
+	}
+	type recv struct {
+		req *openshellv1.PushSandboxLogsRequest
+		err error
+	}
+	next := make(chan recv)
+	go func() { // ends when the call ends (Recv fails)
+		for {
+			req, err := stream.Recv()
+			select {
+			case next <- recv{req, err}:
+			case <-stream.Context().Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for {
+		var r recv
+		select {
+		case <-s.closing:
+			return errdefs.Unavailable("gateway is shutting down")
+		case r = <-next:
+		}
+		if errors.Is(r.err, io.EOF) {
+			return stream.SendAndClose(&openshellv1.PushSandboxLogsResponse{})
+		}
+		if r.err != nil {
+			return r.err
+		}
+		if r.req.GetSandboxId() != id {
+			return authz.ErrCrossSandbox
+		}
+		for _, l := range r.req.GetLogs() {
+			l.SandboxId = id
+			l.Source = sandboxlog.SourceSandbox
+			if len(l.Message) > maxLogLine {
+				l.Message = l.Message[:maxLogLine]
+			}
+			if l.TimestampMs == 0 {
+				l.TimestampMs = s.o.Now().UnixMilli()
+			}
+			s.o.Logs.Append(l)
 		}
 	}
 }

@@ -1,0 +1,149 @@
+// Package api composes the API domain packages under internal/api into the
+// one openshellv1.OpenShellServer the gateway registers: sandboxes, exec,
+// logs, workspaces, identity, policy, providers and supervisors each
+// implement their RPCs; RPCs no domain implements answer Unimplemented
+// (the server adds the gateway-level ones: Health, GetCurrentUser,
+// GetGatewayInfo).
+//
+// The domain packages never import each other; they share only authz.
+// What one domain's RPC means for another (a deleted sandbox's buffered
+// logs and pooled SSH connection) is wired here.
+//
+// Authentication and the per-RPC authorization rule are enforced by the
+// server's interceptors before a method runs; the domains add the checks
+// that need the request body (sandbox scope, workspace membership).
+package api
+
+import (
+	"log/slog"
+	"time"
+
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/api/authz"
+	"github.com/openshell-go/openshell/internal/api/exec"
+	"github.com/openshell-go/openshell/internal/api/identity"
+	"github.com/openshell-go/openshell/internal/api/logs"
+	"github.com/openshell-go/openshell/internal/api/policy"
+	"github.com/openshell-go/openshell/internal/api/providers"
+	"github.com/openshell-go/openshell/internal/api/sandboxes"
+	"github.com/openshell-go/openshell/internal/api/supervisors"
+	"github.com/openshell-go/openshell/internal/api/workspaces"
+	"github.com/openshell-go/openshell/internal/lifecycle"
+	"github.com/openshell-go/openshell/internal/relay"
+	"github.com/openshell-go/openshell/internal/sandboxlog"
+	"github.com/openshell-go/openshell/internal/store"
+)
+
+// Options wire the Service.
+type Options struct {
+	Engine *lifecycle.Engine
+	Relay  *relay.Registry
+	Logs   *sandboxlog.Buffer // nil: a fresh buffer
+	Store  store.Store
+	Minter identity.TokenMinter // nil: sandbox token RPCs are Unavailable
+	// SSHSessionTTL bounds CreateSshSession tokens; 0 means no expiry.
+	SSHSessionTTL time.Duration
+	// Gateway address reported in CreateSshSession responses.
+	GatewayHost   string
+	GatewayPort   uint32
+	GatewayScheme string
+	// Connection caps for ForwardTcp (0 = defaults).
+	MaxForwardsPerToken   int
+	MaxForwardsPerSandbox int
+	// OIDC turns workspace membership checks on; AdminRole is the role
+	// that makes a principal a platform admin (membership bypassed; an
+	// empty AdminRole bypasses for everyone, as upstream).
+	OIDC      bool
+	AdminRole string
+	Logger    *slog.Logger
+	Now       func() time.Time
+}
+
+// Aliases give each embedded domain its own field name.
+type (
+	sandboxesAPI   = sandboxes.Service
+	execAPI        = exec.Service
+	logsAPI        = logs.Service
+	workspacesAPI  = workspaces.Service
+	identityAPI    = identity.Service
+	policyAPI      = policy.Service
+	providersAPI   = providers.Service
+	supervisorsAPI = supervisors.Service
+)
+
+// unimplemented sits one embedding level below the domains, so a domain's
+// method always wins over the Unimplemented answer.
+type unimplemented struct {
+	openshellv1.UnimplementedOpenShellServer
+}
+
+// Service is the composed OpenShell service. Two domains defining the same
+// RPC would make that method ambiguous, so Service would no longer satisfy
+// openshellv1.OpenShellServer and the assertion below fails to compile.
+type Service struct {
+	*sandboxesAPI
+	*execAPI
+	*logsAPI
+	*workspacesAPI
+	*identityAPI
+	*policyAPI
+	*providersAPI
+	*supervisorsAPI
+	unimplemented
+
+	// Authz is the membership authorizer every domain shares.
+	Authz *authz.Authorizer
+}
+
+var _ openshellv1.OpenShellServer = (*Service)(nil)
+
+// New returns the composed Service.
+func New(o Options) *Service {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logs == nil {
+		o.Logs = sandboxlog.New(0)
+	}
+	az := authz.New(authz.Options{Store: o.Store, Sandboxes: o.Engine, OIDC: o.OIDC, AdminRole: o.AdminRole})
+	gatewayLog := func(sandboxID, level, msg string) {
+		o.Logs.Append(&openshellv1.SandboxLogLine{
+			SandboxId: sandboxID, TimestampMs: o.Now().UnixMilli(), Level: level,
+			Target: "openshell_gateway", Message: msg, Source: sandboxlog.SourceGateway,
+		})
+	}
+	ex := exec.New(exec.Options{
+		Relay: o.Relay, Store: o.Store, Authz: az, SSHSessionTTL: o.SSHSessionTTL,
+		GatewayHost: o.GatewayHost, GatewayPort: o.GatewayPort, GatewayScheme: o.GatewayScheme,
+		MaxForwardsPerToken: o.MaxForwardsPerToken, MaxForwardsPerSandbox: o.MaxForwardsPerSandbox, Now: o.Now,
+	})
+	lg := logs.New(logs.Options{Engine: o.Engine, Logs: o.Logs, Authz: az, Now: o.Now})
+	return &Service{
+		sandboxesAPI: sandboxes.New(sandboxes.Options{
+			Engine: o.Engine, Authz: az, GatewayLog: gatewayLog,
+			OnDeleted: func(id string) {
+				lg.DropSandbox(id)
+				ex.DropSandbox(id)
+			},
+		}),
+		execAPI:        ex,
+		logsAPI:        lg,
+		workspacesAPI:  workspaces.New(workspaces.Options{Store: o.Store, Engine: o.Engine, Authz: az, Logger: o.Logger}),
+		identityAPI:    identity.New(identity.Options{Sandboxes: o.Engine, Minter: o.Minter}),
+		policyAPI:      policy.New(policy.Options{Engine: o.Engine, Store: o.Store, Authz: az, Now: o.Now}),
+		providersAPI:   providers.New(providers.Options{Engine: o.Engine, Authz: az}),
+		supervisorsAPI: supervisors.New(supervisors.Options{Engine: o.Engine, Relay: o.Relay, GatewayLog: gatewayLog}),
+		Authz:          az,
+	}
+}
+
+// Close ends the long-lived streams (log pushes, watches) so a graceful
+// drain does not wait for its deadline, and the pooled SSH connections.
+// Unary calls are unaffected.
+func (s *Service) Close() {
+	s.logsAPI.Close()
+	s.execAPI.Close()
+}
