@@ -1,30 +1,29 @@
-// Package compute defines the boundary between the gateway and the backends
-// that run sandboxes. A Driver reports backend state only; the gateway owns
-// the public sandbox phase (see the lifecycle engine).
-//
-// The interface mirrors openshell.compute.v1.ComputeDriver with plain Go
-// types, so in-tree drivers (process, docker, kubernetes) and a remote driver
-// reached over a Unix socket (compute/remote) are interchangeable.
-// Implementations live in subpackages named after their technology and never
-// import each other. Errors use internal/errdefs kinds.
 package compute
 
 import (
 	"context"
+	"fmt"
 	"time"
+
+	"github.com/openshell-go/openshell/internal/errdefs"
 )
 
 // Driver runs sandboxes on one backend. All methods are safe for concurrent
 // use. Methods taking a Ref find the sandbox by ID first, then by Name.
+//
+// Driver is the part every backend has. What only some backends can do is
+// an optional interface (WorkspaceScoper, Adopter, ServiceAccountSelector,
+// ListenerRequirer) that callers discover by type assertion; callers never
+// compare a driver's name.
 type Driver interface {
 	// Capabilities describes the driver; it does not touch the backend.
 	Capabilities(ctx context.Context) (Capabilities, error)
-	// ListenerRequirements lists extra gateway listeners the driver's
-	// sandboxes need to reach the gateway (callback-only listeners).
-	ListenerRequirements(ctx context.Context) ([]ListenerRequirement, error)
 	// ValidateCreate checks a create request without side effects. The
 	// gateway calls it before it persists anything or mints a token, so a
 	// rejection leaves nothing behind. InvalidArgument / FailedPrecondition.
+	// The contract: a driver refuses the typed Template fields it cannot
+	// honour rather than ignoring them (each driver's package doc says
+	// which it honours).
 	ValidateCreate(ctx context.Context, sb Sandbox) error
 	// Create starts the backend workload for sb. AlreadyExists when a
 	// workload with that id or name exists.
@@ -44,17 +43,80 @@ type Driver interface {
 	// channel is closed when the watch ends; the returned error func tells
 	// why (nil after ctx cancellation).
 	Watch(ctx context.Context) (<-chan Event, func() error, error)
-	// EnsureWorkspace prepares backend scope for a gateway workspace
-	// (e.g. a namespace). Idempotent; a no-op for drivers without scoping.
+}
+
+// WorkspaceScoper is implemented by drivers that keep backend scope per
+// gateway workspace (the kubernetes driver's managed mode: a namespace per
+// workspace). Drivers without it need no preparation for a workspace.
+type WorkspaceScoper interface {
+	// EnsureWorkspace prepares backend scope for a gateway workspace.
+	// Idempotent.
 	EnsureWorkspace(ctx context.Context, workspace string) error
-	// DeleteWorkspace removes what EnsureWorkspace created.
+	// DeleteWorkspace removes what EnsureWorkspace created. Idempotent.
 	DeleteWorkspace(ctx context.Context, workspace string) error
 }
 
+// EnsureWorkspace calls d's EnsureWorkspace when d is a WorkspaceScoper;
+// it is a no-op otherwise.
+func EnsureWorkspace(ctx context.Context, d Driver, workspace string) error {
+	if s, ok := d.(WorkspaceScoper); ok {
+		return s.EnsureWorkspace(ctx, workspace)
+	}
+	return nil
+}
+
+// DeleteWorkspace calls d's DeleteWorkspace when d is a WorkspaceScoper;
+// it is a no-op otherwise.
+func DeleteWorkspace(ctx context.Context, d Driver, workspace string) error {
+	if s, ok := d.(WorkspaceScoper); ok {
+		return s.DeleteWorkspace(ctx, workspace)
+	}
+	return nil
+}
+
 // Adopter is implemented by drivers that can take over an existing backend
-// workload (openshell-go extension; kubernetes only).
+// workload (openshell-go extension; the kubernetes driver).
 type Adopter interface {
 	Adopt(ctx context.Context, req AdoptRequest) (AdoptResult, error)
+}
+
+// ServiceAccountSelector is implemented by drivers that run each sandbox
+// under a platform ServiceAccount its template may choose
+// (Template.ServiceAccountName); the driver's ValidateCreate decides which
+// names are selectable. CheckTemplate refuses the field for every other
+// driver.
+type ServiceAccountSelector interface {
+	// SelectsServiceAccounts marks the ability; it has no effect.
+	SelectsServiceAccounts()
+}
+
+// ListenerRequirer is implemented by drivers whose sandboxes need extra
+// gateway listeners (callback-only listeners) to reach the gateway.
+// Drivers without it need none.
+type ListenerRequirer interface {
+	ListenerRequirements(ctx context.Context) ([]ListenerRequirement, error)
+}
+
+// ListenerRequirements returns d's listener requirements, or none when d
+// is not a ListenerRequirer.
+func ListenerRequirements(ctx context.Context, d Driver) ([]ListenerRequirement, error) {
+	if l, ok := d.(ListenerRequirer); ok {
+		return l.ListenerRequirements(ctx)
+	}
+	return nil, nil
+}
+
+// CheckTemplate refuses (InvalidArgument) the typed Template fields that
+// need an optional ability d lacks. driverName names d in the message.
+// The gateway calls it before ValidateCreate; the remote driver server
+// calls it too, so a separately served driver refuses the same requests.
+func CheckTemplate(d Driver, driverName string, t Template) error {
+	if t.ServiceAccountName != "" {
+		if _, ok := d.(ServiceAccountSelector); !ok {
+			return errdefs.InvalidArgument(fmt.Sprintf("template.service_account_name is not supported by the %s compute driver (it does not select ServiceAccounts)", driverName))
+		}
+	}
+	return nil
 }
 
 // Capabilities describes a driver.
@@ -98,7 +160,6 @@ type Spec struct {
 	LogLevel    string
 	Environment map[string]string
 	Template    Template
-	GPUCount    *uint32
 	// SandboxToken is the gateway-minted JWT the supervisor authenticates
 	// with. Secret: never log it.
 	SandboxToken string
@@ -108,17 +169,32 @@ type Spec struct {
 	TTY     bool
 }
 
-// Template is the platform-level description of the workload.
+// Template is the platform-level description of the workload. Every field
+// but DriverConfig is typed; a driver that cannot honour a set field is
+// expected to refuse the sandbox in ValidateCreate (or lacks the optional
+// ability CheckTemplate looks for). Settings derived from the sandbox
+// policy (isolation) get their own typed fields here, not keys in a map.
 type Template struct {
 	Image           string
 	AgentSocketPath string
 	Labels          map[string]string
-	Environment     map[string]string
-	Resources       Resources
-	// PlatformConfig carries platform settings (runtime_class_name,
-	// annotations, service_account_name, ...), as decoded JSON.
-	PlatformConfig map[string]any
-	// DriverConfig is the active driver's block of template.driver_config.
+	// Annotations are platform annotations (Kubernetes pod annotations).
+	Annotations map[string]string
+	Environment map[string]string
+	Resources   Resources
+	// RuntimeClassName selects a container runtime class; empty means the
+	// driver's default.
+	RuntimeClassName string
+	// ServiceAccountName selects the platform ServiceAccount the workload
+	// runs under; empty means the driver's default. Only drivers that are
+	// ServiceAccountSelectors accept it.
+	ServiceAccountName string
+	// UserNamespaces asks for (true) or against (false) a user namespace
+	// for the workload; nil means the driver's default.
+	UserNamespaces *bool
+	// DriverConfig is the active driver's block of
+	// template.driver_config: opaque, decoded and validated by the driver
+	// alone.
 	DriverConfig map[string]any
 }
 
@@ -128,6 +204,9 @@ type Resources struct {
 	CPULimit      string
 	MemoryRequest string
 	MemoryLimit   string
+	// GPUs is the number of GPUs asked for (spec.resource_requirements.gpu
+	// on the wire); 0 asks for none.
+	GPUs uint32
 }
 
 // Status is the backend's report.

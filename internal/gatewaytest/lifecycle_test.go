@@ -126,7 +126,7 @@ func TestCreateBadInputLeavesNothing(t *testing.T) {
 		{"label key", &openshellv1.CreateSandboxRequest{Name: "lbl", Labels: map[string]string{"-k": "v"}}, codes.InvalidArgument, "label key"},
 		{"unknown provider", &openshellv1.CreateSandboxRequest{Name: "prov", Spec: &openshellv1.SandboxSpec{Providers: []string{"github"}}}, codes.FailedPrecondition, "provider 'github' not found"},
 		{"registry image", &openshellv1.CreateSandboxRequest{Name: "img", Spec: &openshellv1.SandboxSpec{Template: &openshellv1.SandboxTemplate{Image: "ghcr.io/nvidia/base:latest"}}}, codes.InvalidArgument, "process driver cannot pull images; use a local rootfs directory or another driver"},
-		{"service account", &openshellv1.CreateSandboxRequest{Name: "sa", Spec: &openshellv1.SandboxSpec{Template: &openshellv1.SandboxTemplate{ServiceAccountName: "sa"}}}, codes.InvalidArgument, "only supported by the kubernetes driver"},
+		{"service account", &openshellv1.CreateSandboxRequest{Name: "sa", Spec: &openshellv1.SandboxSpec{Template: &openshellv1.SandboxTemplate{ServiceAccountName: "sa"}}}, codes.InvalidArgument, "template.service_account_name is not supported by the process compute driver"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -162,9 +161,6 @@ func (e *Engine) Create(ctx context.Context, req *openshellv1.CreateSandboxReque
 	if spec.Template.Image == "" {
 		spec.Template.Image = e.defaultImage
 	}
-	if sa := spec.Template.GetServiceAccountName(); sa != "" && e.driverName != "kubernetes" {
-		return nil, errdefs.InvalidArgument(fmt.Sprintf("template.service_account_name is only supported by the kubernetes driver (active driver: %s)", e.driverName))
-	}
 	name := req.GetName()
 	if name == "" {
 		name = petname()
@@ -183,6 +179,9 @@ func (e *Engine) Create(ctx context.Context, req *openshellv1.CreateSandboxReque
 	}
 	dsb, err := e.toDriver(sb)
 	if err != nil {
+		return nil, err
+	}
+	if err := compute.CheckTemplate(e.driver, e.driverName, dsb.Spec.Template); err != nil {
 		return nil, err
 	}
 	if err := e.driver.ValidateCreate(ctx, dsb); err != nil {
@@ -206,7 +205,7 @@ func (e *Engine) Create(ctx context.Context, req *openshellv1.CreateSandboxReque
 	defer unlock()
 	// Backend scope for the workspace (a namespace in the kubernetes
 	// driver's managed mode); idempotent, a no-op for other drivers.
-	err = e.driver.EnsureWorkspace(ctx, ws)
+	err = compute.EnsureWorkspace(ctx, e.driver, ws)
 	if err == nil {
 		err = e.driver.Create(ctx, dsb)
 	}
@@ -259,23 +258,6 @@ func driverError(op string, err error) error {
 func (e *Engine) toDriver(sb *openshellv1.Sandbox) (compute.Sandbox, error) {
 	spec := sb.GetSpec()
 	t := spec.GetTemplate()
-	platform := map[string]any{}
-	if t.GetRuntimeClassName() != "" {
-		platform["runtime_class_name"] = t.GetRuntimeClassName()
-	}
-	if len(t.GetAnnotations()) > 0 {
-		ann := map[string]any{}
-		for k, v := range t.GetAnnotations() {
-			ann[k] = v
-		}
-		platform["annotations"] = ann
-	}
-	if sa := strings.TrimSpace(t.GetServiceAccountName()); t.GetServiceAccountName() != "" {
-		platform["service_account_name"] = sa
-	}
-	if t.UserNamespaces != nil {
-		platform["user_namespaces"] = t.GetUserNamespaces()
-	}
 	var driverCfg map[string]any
 	if dc := t.GetDriverConfig(); dc != nil {
 		if v, ok := dc.GetFields()[e.driverName]; ok {
@@ -299,14 +281,13 @@ func (e *Engine) toDriver(sb *openshellv1.Sandbox) (compute.Sandbox, error) {
 			TTY:         spec.GetTty(),
 			Template: compute.Template{
 				Image: t.GetImage(), AgentSocketPath: t.GetAgentSocket(), Labels: t.GetLabels(),
-				Environment: t.GetEnvironment(), Resources: res, PlatformConfig: platform, DriverConfig: driverCfg,
+				Annotations: t.GetAnnotations(), Environment: t.GetEnvironment(), Resources: res,
+				RuntimeClassName: t.GetRuntimeClassName(), ServiceAccountName: t.GetServiceAccountName(),
+				UserNamespaces: t.UserNamespaces, DriverConfig: driverCfg,
 			},
 		},
 	}
-	if g := spec.GetResourceRequirements().GetGpu(); g != nil && g.Count != nil {
-		c := g.GetCount()
-		out.Spec.GPUCount = &c
-	}
+	out.Spec.Template.Resources.GPUs = spec.GetResourceRequirements().GetGpu().GetCount()
 	return out, nil
 }
 
@@ -681,7 +662,7 @@ func (e *Engine) PublishPlatformEvent(id string, ev *openshellv1.PlatformEvent) 
 // DeleteWorkspace releases the backend scope of a workspace that no longer
 // holds sandboxes.
 func (e *Engine) DeleteWorkspace(ctx context.Context, workspace string) error {
-	if err := e.driver.DeleteWorkspace(ctx, workspace); err != nil {
+	if err := compute.DeleteWorkspace(ctx, e.driver, workspace); err != nil {
 		return driverError("delete workspace", err)
 	}
 	return nil

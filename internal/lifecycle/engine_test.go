@@ -264,7 +264,7 @@ func TestCreateRejectionsLeaveNothing(t *testing.T) {
 		{"bad label", &openshellv1.CreateSandboxRequest{Name: "a", Labels: map[string]string{"k": "-bad"}}, nil, codes.InvalidArgument, `label "k" value`},
 		{"unsafe policy", &openshellv1.CreateSandboxRequest{Name: "a", Spec: &openshellv1.SandboxSpec{Policy: unsafePolicy()}}, nil, codes.InvalidArgument, unsafePolicyMessage},
 		{"unknown provider", &openshellv1.CreateSandboxRequest{Name: "a", Spec: &openshellv1.SandboxSpec{Providers: []string{"gh"}}}, nil, codes.FailedPrecondition, "provider 'gh' not found"},
-		{"sa on non-k8s", &openshellv1.CreateSandboxRequest{Name: "a", Spec: &openshellv1.SandboxSpec{Template: &openshellv1.SandboxTemplate{ServiceAccountName: "sa"}}}, nil, codes.InvalidArgument, "only supported by the kubernetes driver"},
+		{"sa on non-k8s", &openshellv1.CreateSandboxRequest{Name: "a", Spec: &openshellv1.SandboxSpec{Template: &openshellv1.SandboxTemplate{ServiceAccountName: "sa"}}}, nil, codes.InvalidArgument, "template.service_account_name is not supported by the fake compute driver"},
 		{"driver validate", &openshellv1.CreateSandboxRequest{Name: "a"}, func(d *fakeDriver) {
 			d.validateFn = func(compute.Sandbox) error { return errdefs.InvalidArgument("process driver cannot pull images") }
 		}, codes.InvalidArgument, "cannot pull images"},

@@ -62,6 +62,7 @@ func (o Options) sandbox(id, name string) compute.Sandbox {
 func Run(t *testing.T, newDriver func(t *testing.T) compute.Driver, opts Options) {
 	t.Run("Capabilities", func(t *testing.T) { testCapabilities(t, newDriver(t)) })
 	t.Run("ValidateCreate", func(t *testing.T) { testValidateCreate(t, newDriver(t), opts) })
+	t.Run("UnselectableServiceAccount", func(t *testing.T) { testUnselectableServiceAccount(t, newDriver(t), opts) })
 	t.Run("NotFound", func(t *testing.T) { testNotFound(t, newDriver(t)) })
 	t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, newDriver(t), opts) })
 }
@@ -96,12 +97,29 @@ func testCapabilities(t *testing.T, d compute.Driver) {
 	if caps.DriverName == "" {
 		t.Errorf("Capabilities().DriverName is empty")
 	}
-	if _, err := d.ListenerRequirements(t.Context()); err != nil {
+	if _, err := compute.ListenerRequirements(t.Context(), d); err != nil {
 		t.Errorf("ListenerRequirements() error = %v", err)
 	}
-	if err := d.EnsureWorkspace(t.Context(), "default"); err != nil {
+	if err := compute.EnsureWorkspace(t.Context(), d, "default"); err != nil {
 		t.Errorf("EnsureWorkspace(default) error = %v", err)
 	}
+}
+
+// testUnselectableServiceAccount checks the gateway's create path
+// (CheckTemplate, then ValidateCreate) refuses a ServiceAccount the driver
+// cannot select, whether or not it selects ServiceAccounts at all.
+func testUnselectableServiceAccount(t *testing.T, d compute.Driver, opts Options) {
+	caps, err := d.Capabilities(t.Context())
+	if err != nil {
+		t.Fatalf("Capabilities() error = %v", err)
+	}
+	sb := opts.sandbox(NewID(), NewName())
+	sb.Spec.Template.ServiceAccountName = "openshell-conformance-not-selectable"
+	err = compute.CheckTemplate(d, caps.DriverName, sb.Spec.Template)
+	if err == nil {
+		err = d.ValidateCreate(t.Context(), sb)
+	}
+	wantCode(t, "CheckTemplate+ValidateCreate(unselectable service account)", err, codes.InvalidArgument)
 }
 
 func testValidateCreate(t *testing.T, d compute.Driver, opts Options) {

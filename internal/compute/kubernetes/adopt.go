@@ -254,8 +254,8 @@ func (d *Driver) adoptOptions(sb compute.Sandbox, ns string, podTemplate map[str
 			}
 		}
 	}
-	if _, ok := t.PlatformConfig["service_account_name"]; ok {
-		sa, err := d.resolveServiceAccount(sb.ID, ns, t.PlatformConfig)
+	if t.ServiceAccountName != "" {
+		sa, err := d.resolveServiceAccount(sb.ID, ns, t.ServiceAccountName)
 		if err != nil {
 			return o, err
 		}

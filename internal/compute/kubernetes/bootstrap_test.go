@@ -298,7 +298,7 @@ func TestBootstrapServiceAccountSets(t *testing.T) {
 		t.Fatal(err)
 	}
 	selected := goodSandbox(computetest.NewID(), computetest.NewName())
-	selected.Spec.Template.PlatformConfig = map[string]any{"service_account_name": "sa-2"}
+	selected.Spec.Template.ServiceAccountName = "sa-2"
 	if err := d.Create(t.Context(), selected); err != nil {
 		t.Fatalf("Create(sa-2) error = %v", err)
 	}
@@ -318,7 +318,7 @@ func TestBootstrapServiceAccountSets(t *testing.T) {
 
 	for _, sa := range []string{"sa-external", "unknown"} {
 		sb := goodSandbox(computetest.NewID(), computetest.NewName())
-		sb.Spec.Template.PlatformConfig = map[string]any{"service_account_name": sa}
+		sb.Spec.Template.ServiceAccountName = sa
 		if err := d.Create(t.Context(), sb); errdefs.Code(err) != codes.InvalidArgument {
 			t.Errorf("Create(%s) error = %v, want InvalidArgument", sa, err)
 		}

@@ -63,8 +63,15 @@ type Driver struct {
 }
 
 var (
-	_ compute.Driver = (*Driver)(nil)
+	_ compute.Driver                 = (*Driver)(nil)
+	_ compute.WorkspaceScoper        = (*Driver)(nil)
+	_ compute.ServiceAccountSelector = (*Driver)(nil)
 )
+
+// SelectsServiceAccounts implements compute.ServiceAccountSelector: a
+// template may name one of the selectable ServiceAccounts
+// (selectable_service_account_names).
+func (d *Driver) SelectsServiceAccounts() {}
 
 // New is the compute.Factory of the driver.
 func New(cfg map[string]any, deps compute.FactoryDeps) (compute.Driver, error) {
@@ -160,12 +167,6 @@ func (d *Driver) Capabilities(context.Context) (compute.Capabilities, error) {
 	return compute.Capabilities{DriverName: DriverName, DriverVersion: version.Version, DefaultImage: d.cfg.DefaultImage}, nil
 }
 
-// ListenerRequirements implements compute.Driver: pods dial the gateway's
-// main listener.
-func (d *Driver) ListenerRequirements(context.Context) ([]compute.ListenerRequirement, error) {
-	return nil, nil
-}
-
 // managedSelector selects this gateway's Sandbox CRs.
 func (d *Driver) managedSelector(extra ...string) string {
 	s := []string{LabelManagedBy + "=" + managedByValue}
@@ -200,9 +201,6 @@ func (d *Driver) namespaceFor(sb compute.Sandbox) (string, error) {
 		}
 	case ModeOperator:
 		ns = sb.Namespace
-		if ns == "" {
-			ns, _ = sb.Spec.Template.PlatformConfig["namespace"].(string)
-		}
 		if ns == "" && sb.Workspace != "" && d.nsv.Accepts(sb.Workspace) {
 			ns = sb.Workspace
 		}
@@ -228,7 +226,7 @@ func (d *Driver) workspaceNamespace(ws string) (string, error) {
 	return ns, nil
 }
 
-// EnsureWorkspace implements compute.Driver: in managed mode it creates the
+// EnsureWorkspace implements compute.WorkspaceScoper: in managed mode it creates the
 // workspace namespace and the sandbox ServiceAccount in it; otherwise it
 // does nothing.
 func (d *Driver) EnsureWorkspace(ctx context.Context, ws string) error {
@@ -252,7 +250,7 @@ func (d *Driver) EnsureWorkspace(ctx context.Context, ws string) error {
 	return nil
 }
 
-// DeleteWorkspace implements compute.Driver: in managed mode it deletes the
+// DeleteWorkspace implements compute.WorkspaceScoper: in managed mode it deletes the
 // workspace namespace (only one this gateway created).
 func (d *Driver) DeleteWorkspace(ctx context.Context, ws string) error {
 	if d.cfg.WorkspaceMode != ModeManaged {
@@ -413,36 +411,23 @@ func (d *Driver) plan(sb compute.Sandbox) (plan, error) {
 	if err := checkResources(t.Resources); err != nil {
 		return p, err
 	}
-	sa, err := d.resolveServiceAccount(sb.ID, ns, t.PlatformConfig)
+	sa, err := d.resolveServiceAccount(sb.ID, ns, t.ServiceAccountName)
 	if err != nil {
 		return p, err
 	}
 	runtimeClass := d.cfg.RuntimeClassName
-	if v, ok := t.PlatformConfig["runtime_class_name"]; ok {
-		s, ok := v.(string)
-		if !ok || (s != "" && len(validation.IsDNS1123Subdomain(s)) > 0) {
-			return p, errdefs.InvalidArgument("template.runtime_class_name must be a valid Kubernetes name")
+	if s := t.RuntimeClassName; s != "" {
+		if errs := validation.IsDNS1123Subdomain(s); len(errs) > 0 {
+			return p, errdefs.InvalidArgument(fmt.Sprintf("template.runtime_class_name %q is not a valid Kubernetes name: %s", s, strings.Join(errs, "; ")))
 		}
-		if s != "" {
-			runtimeClass = s
-		}
+		runtimeClass = s
 	}
 	annotations := map[string]string{}
-	if v, ok := t.PlatformConfig["annotations"]; ok {
-		m, ok := v.(map[string]any)
-		if !ok {
-			return p, errdefs.InvalidArgument("template.annotations must be a map of strings")
+	for k, v := range t.Annotations {
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			return p, errdefs.InvalidArgument(fmt.Sprintf("template annotation key %q is not valid: %s", k, strings.Join(errs, "; ")))
 		}
-		for k, e := range m {
-			s, ok := e.(string)
-			if !ok {
-				return p, errdefs.InvalidArgument("template.annotations must be a map of strings")
-			}
-			if errs := validation.IsQualifiedName(k); len(errs) > 0 {
-				return p, errdefs.InvalidArgument(fmt.Sprintf("template annotation key %q is not valid: %s", k, strings.Join(errs, "; ")))
-			}
-			annotations[k] = s
-		}
+		annotations[k] = v
 	}
 	for k, v := range t.Labels {
 		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
@@ -453,11 +438,8 @@ func (d *Driver) plan(sb compute.Sandbox) (plan, error) {
 		}
 	}
 	userns := d.cfg.EnableUserNamespaces
-	if v, ok := t.PlatformConfig["user_namespaces"].(bool); ok {
-		userns = v
-	}
-	if v, ok := t.PlatformConfig["host_users"].(bool); ok {
-		userns = !v
+	if t.UserNamespaces != nil {
+		userns = *t.UserNamespaces
 	}
 	dc, err := parseDriverConfig(t.DriverConfig)
 	if err != nil {
@@ -494,25 +476,20 @@ func (d *Driver) plan(sb compute.Sandbox) (plan, error) {
 }
 
 // resolveServiceAccount picks the pod's ServiceAccount: the configured
-// service_account_name, unless platform_config.service_account_name names
-// a selectable one (in namespace ns). A non-string value is ignored; a blank
-// or non-selectable one is InvalidArgument: never a fallback.
-func (d *Driver) resolveServiceAccount(sandboxID, ns string, pc map[string]any) (string, error) {
-	v, ok := pc["service_account_name"]
-	if !ok {
-		return d.cfg.ServiceAccountName, nil
-	}
-	s, ok := v.(string)
-	if !ok {
+// service_account_name when requested is empty, else requested (trimmed)
+// when it is selectable in namespace ns. A blank or non-selectable request
+// is InvalidArgument: never a fallback.
+func (d *Driver) resolveServiceAccount(sandboxID, ns, requested string) (string, error) {
+	if requested == "" {
 		return d.cfg.ServiceAccountName, nil
 	}
 	sel := d.cfg.SelectableServiceAccounts()
-	if t := strings.TrimSpace(s); t != "" && sel.AcceptsIn(ns, t) {
+	if t := strings.TrimSpace(requested); t != "" && sel.AcceptsIn(ns, t) {
 		return t, nil
 	}
 	d.log.Warn("rejected a sandbox ServiceAccount request that is not selectable",
-		"sandbox_id", sandboxID, "requested_service_account", s, "selectable_service_accounts", sel.Names())
-	return "", errdefs.InvalidArgument(fmt.Sprintf("service_account_name '%s' is not selectable on this gateway", s))
+		"sandbox_id", sandboxID, "requested_service_account", requested, "selectable_service_accounts", sel.Names())
+	return "", errdefs.InvalidArgument(fmt.Sprintf("service_account_name '%s' is not selectable on this gateway", requested))
 }
 
 func checkResources(r compute.Resources) error {

@@ -139,7 +139,7 @@ func TestConformance(t *testing.T) {
 			},
 			"service account not selectable": func(id, name string) compute.Sandbox {
 				sb := goodSandbox(id, name)
-				sb.Spec.Template.PlatformConfig = map[string]any{"service_account_name": "admin"}
+				sb.Spec.Template.ServiceAccountName = "admin"
 				return sb
 			},
 			"unknown driver_config key": func(id, name string) compute.Sandbox {
@@ -209,7 +209,7 @@ func TestCreateEnrichedPod(t *testing.T) {
 	sb.Spec.Environment = map[string]string{"FOO": "bar"}
 	sb.Spec.TTY = true
 	sb.Spec.Template.Labels = map[string]string{"team": "a"}
-	sb.Spec.Template.PlatformConfig = map[string]any{"annotations": map[string]any{"example.com/note": "hi"}}
+	sb.Spec.Template.Annotations = map[string]string{"example.com/note": "hi"}
 	sb.Spec.Template.DriverConfig = map[string]any{"node_selector": map[string]any{"pool": "sandboxes"}}
 	if err := d.Create(t.Context(), sb); err != nil {
 		t.Fatalf("Create() error = %v", err)
@@ -388,7 +388,7 @@ func TestManagedWorkspace(t *testing.T) {
 	// A selectable account must exist in the workspace namespace.
 	sel := goodSandbox(computetest.NewID(), computetest.NewName())
 	sel.Workspace = "team-a"
-	sel.Spec.Template.PlatformConfig = map[string]any{"service_account_name": "sa-2"}
+	sel.Spec.Template.ServiceAccountName = "sa-2"
 	err := d.Create(t.Context(), sel)
 	if errdefs.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "'sa-2'") {
 		t.Errorf("Create(sa-2 missing) error = %v, want FailedPrecondition naming sa-2", err)

@@ -120,23 +120,22 @@ func TestResolveServiceAccount(t *testing.T) {
 	})
 	tests := []struct {
 		name    string
-		pc      map[string]any
+		sa      string
 		want    string
 		wantErr string
 	}{
-		{"absent", nil, "sa", ""},
-		{"non-string ignored", map[string]any{"service_account_name": 7}, "sa", ""},
-		{"default", map[string]any{"service_account_name": "sa"}, "sa", ""},
-		{"selectable", map[string]any{"service_account_name": "sa-2"}, "sa-2", ""},
-		{"padded", map[string]any{"service_account_name": " sa-2 "}, "sa-2", ""},
-		{"qualified in its namespace", map[string]any{"service_account_name": "sa-ns"}, "sa-ns", ""},
-		{"bootstrap-only", map[string]any{"service_account_name": "sa-external"}, "", "service_account_name 'sa-external' is not selectable on this gateway"},
-		{"unknown", map[string]any{"service_account_name": "root"}, "", "service_account_name 'root' is not selectable on this gateway"},
-		{"blank", map[string]any{"service_account_name": " "}, "", "service_account_name ' ' is not selectable on this gateway"},
+		{"absent", "", "sa", ""},
+		{"default", "sa", "sa", ""},
+		{"selectable", "sa-2", "sa-2", ""},
+		{"padded", " sa-2 ", "sa-2", ""},
+		{"qualified in its namespace", "sa-ns", "sa-ns", ""},
+		{"bootstrap-only", "sa-external", "", "service_account_name 'sa-external' is not selectable on this gateway"},
+		{"unknown", "root", "", "service_account_name 'root' is not selectable on this gateway"},
+		{"blank", " ", "", "service_account_name ' ' is not selectable on this gateway"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			sb := compute.Sandbox{ID: "11111111-2222-4333-8444-555555555555", Name: "sb", Spec: compute.Spec{Template: compute.Template{PlatformConfig: tt.pc}}}
+			sb := compute.Sandbox{ID: "11111111-2222-4333-8444-555555555555", Name: "sb", Spec: compute.Spec{Template: compute.Template{ServiceAccountName: tt.sa}}}
 			p, err := d.plan(sb)
 			if tt.wantErr != "" {
 				if !errors.Is(err, errdefs.ErrInvalidArgument) || err.Error() != tt.wantErr {

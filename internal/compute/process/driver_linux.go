@@ -269,18 +269,6 @@ func (d *Driver) Capabilities(context.Context) (compute.Capabilities, error) {
 	}, nil
 }
 
-// ListenerRequirements implements compute.Driver: sandboxes share the host
-// network, so the gateway's own listener is reachable.
-func (d *Driver) ListenerRequirements(context.Context) ([]compute.ListenerRequirement, error) {
-	return nil, nil
-}
-
-// EnsureWorkspace implements compute.Driver (no backend scoping).
-func (d *Driver) EnsureWorkspace(context.Context, string) error { return nil }
-
-// DeleteWorkspace implements compute.Driver (no backend scoping).
-func (d *Driver) DeleteWorkspace(context.Context, string) error { return nil }
-
 // ValidateCreate implements compute.Driver.
 func (d *Driver) ValidateCreate(_ context.Context, sb compute.Sandbox) error {
 	_, _, _, err := d.validate(sb)
@@ -303,13 +291,13 @@ func (d *Driver) validate(sb compute.Sandbox) (rootfs string, l limits, cgRoot s
 	if rootfs, err = rootfsOf(spec.Template.Image); err != nil {
 		return "", l, "", err
 	}
-	if rc, _ := spec.Template.PlatformConfig["runtime_class_name"].(string); rc != "" {
+	if rc := spec.Template.RuntimeClassName; rc != "" {
 		return "", l, "", errdefs.InvalidArgument(fmt.Sprintf("spec.template.runtime_class_name %q is not supported by the process driver", rc))
 	}
 	for k := range spec.Template.DriverConfig {
 		return "", l, "", errdefs.InvalidArgument(fmt.Sprintf("process driver: unknown driver_config key %q", k))
 	}
-	if spec.GPUCount != nil && *spec.GPUCount > 0 {
+	if spec.Template.Resources.GPUs > 0 {
 		return "", l, "", errdefs.FailedPrecondition("process driver does not support GPUs")
 	}
 	if err := validEnv("template environment", spec.Template.Environment); err != nil {

@@ -189,9 +189,9 @@ func TestValidateCreateErrors(t *testing.T) {
 			sb.Spec.Template.Resources.MemoryRequest, sb.Spec.Template.Resources.MemoryLimit = "2Gi", "1Gi"
 		}, codes.InvalidArgument, "exceeds memory limit"},
 		{"runtime class", nil, func(sb *compute.Sandbox) {
-			sb.Spec.Template.PlatformConfig = map[string]any{"runtime_class_name": "kata"}
+			sb.Spec.Template.RuntimeClassName = "kata"
 		}, codes.InvalidArgument, `spec.template.runtime_class_name "kata" is not supported by the process driver`},
-		{"gpu", nil, func(sb *compute.Sandbox) { n := uint32(1); sb.Spec.GPUCount = &n },
+		{"gpu", nil, func(sb *compute.Sandbox) { sb.Spec.Template.Resources.GPUs = 1 },
 			codes.FailedPrecondition, "does not support GPUs"},
 		{"env key with =", nil, func(sb *compute.Sandbox) { sb.Spec.Environment = map[string]string{"A=B": "x"} },
 			codes.InvalidArgument, "not a valid environment entry"},

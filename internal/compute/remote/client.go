@@ -37,9 +37,12 @@ type Driver struct {
 }
 
 var (
-	_ compute.Driver  = (*Driver)(nil)
-	_ compute.Adopter = (*Driver)(nil)
-	_ io.Closer       = (*Driver)(nil)
+	_ compute.Driver                 = (*Driver)(nil)
+	_ compute.WorkspaceScoper        = (*Driver)(nil)
+	_ compute.Adopter                = (*Driver)(nil)
+	_ compute.ServiceAccountSelector = (*Driver)(nil)
+	_ compute.ListenerRequirer       = (*Driver)(nil)
+	_ io.Closer                      = (*Driver)(nil)
 )
 
 // Dial connects to the compute driver serving on socketPath, retrying
@@ -97,7 +100,13 @@ func (d *Driver) Capabilities(ctx context.Context) (compute.Capabilities, error)
 	return CapabilitiesFromProto(r), nil
 }
 
-// ListenerRequirements implements compute.Driver.
+// SelectsServiceAccounts implements compute.ServiceAccountSelector by
+// forwarding: the serving side refuses template.service_account_name when
+// the driver it serves cannot select ServiceAccounts.
+func (d *Driver) SelectsServiceAccounts() {}
+
+// ListenerRequirements implements compute.ListenerRequirer; a served
+// driver without the ability answers none.
 func (d *Driver) ListenerRequirements(ctx context.Context) ([]compute.ListenerRequirement, error) {
 	r, err := d.c.GetGatewayListenerRequirements(ctx, &computev1.GetGatewayListenerRequirementsRequest{})
 	if err != nil {
@@ -177,13 +186,14 @@ func (d *Driver) Delete(ctx context.Context, ref compute.Ref) (bool, error) {
 	return r.GetDeleted(), nil
 }
 
-// EnsureWorkspace implements compute.Driver.
+// EnsureWorkspace implements compute.WorkspaceScoper; the serving side
+// makes it a no-op for a driver without workspace scoping.
 func (d *Driver) EnsureWorkspace(ctx context.Context, workspace string) error {
 	_, err := d.c.EnsureWorkspace(ctx, &computev1.EnsureWorkspaceRequest{Workspace: workspace})
 	return fromWire(err)
 }
 
-// DeleteWorkspace implements compute.Driver.
+// DeleteWorkspace implements compute.WorkspaceScoper (see EnsureWorkspace).
 func (d *Driver) DeleteWorkspace(ctx context.Context, workspace string) error {
 	_, err := d.c.DeleteWorkspace(ctx, &computev1.DeleteWorkspaceRequest{Workspace: workspace})
 	return fromWire(err)

@@ -11,15 +11,27 @@ import (
 	"github.com/openshell-go/openshell/internal/errdefs"
 )
 
+// Platform config keys: the typed Template fields travel in
+// DriverSandboxTemplate.platform_config under these keys, as OpenShell's
+// gateway sends them.
+const (
+	keyRuntimeClassName   = "runtime_class_name"
+	keyAnnotations        = "annotations"
+	keyServiceAccountName = "service_account_name"
+	keyUserNamespaces     = "user_namespaces"
+	// keyHostUsers is the inverse of user_namespaces (Kubernetes'
+	// hostUsers); accepted on input, it wins over user_namespaces.
+	keyHostUsers = "host_users"
+	// keyNamespace is accepted on input for a sandbox whose namespace
+	// field is empty.
+	keyNamespace = "namespace"
+)
+
 // SandboxToProto converts a driver sandbox to its wire form. It fails
-// (InvalidArgument) only when platform or driver config holds values JSON
-// cannot carry.
+// (InvalidArgument) only when driver config holds values JSON cannot
+// carry.
 func SandboxToProto(sb compute.Sandbox) (*computev1.DriverSandbox, error) {
 	tmpl := sb.Spec.Template
-	pc, err := toStruct("platform_config", tmpl.PlatformConfig)
-	if err != nil {
-		return nil, err
-	}
 	dc, err := toStruct("driver_config", tmpl.DriverConfig)
 	if err != nil {
 		return nil, err
@@ -40,7 +52,7 @@ func SandboxToProto(sb compute.Sandbox) (*computev1.DriverSandbox, error) {
 					MemoryRequest: tmpl.Resources.MemoryRequest,
 					MemoryLimit:   tmpl.Resources.MemoryLimit,
 				},
-				PlatformConfig: pc,
+				PlatformConfig: platformConfigToProto(tmpl),
 				DriverConfig:   dc,
 			},
 			SandboxToken: sb.Spec.SandboxToken,
@@ -49,11 +61,105 @@ func SandboxToProto(sb compute.Sandbox) (*computev1.DriverSandbox, error) {
 		},
 		Status: StatusToProto(sb.Status),
 	}
-	if sb.Spec.GPUCount != nil {
-		n := *sb.Spec.GPUCount
+	if n := tmpl.Resources.GPUs; n > 0 {
 		out.Spec.ResourceRequirements = &computev1.ResourceRequirements{Gpu: &computev1.GpuResourceRequirements{Count: &n}}
 	}
 	return out, nil
+}
+
+// platformConfigToProto puts the typed template fields into
+// platform_config; nil when none is set.
+func platformConfigToProto(t compute.Template) *structpb.Struct {
+	f := map[string]*structpb.Value{}
+	if t.RuntimeClassName != "" {
+		f[keyRuntimeClassName] = structpb.NewStringValue(t.RuntimeClassName)
+	}
+	if t.ServiceAccountName != "" {
+		f[keyServiceAccountName] = structpb.NewStringValue(t.ServiceAccountName)
+	}
+	if t.UserNamespaces != nil {
+		f[keyUserNamespaces] = structpb.NewBoolValue(*t.UserNamespaces)
+	}
+	if len(t.Annotations) > 0 {
+		ann := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+		for k, v := range t.Annotations {
+			ann.Fields[k] = structpb.NewStringValue(v)
+		}
+		f[keyAnnotations] = structpb.NewStructValue(ann)
+	}
+	if len(f) == 0 {
+		return nil
+	}
+	return &structpb.Struct{Fields: f}
+}
+
+// platformConfigFromProto sets the typed template fields from
+// platform_config. A known key with a value of the wrong type, and an
+// unknown key, are InvalidArgument: a setting is never dropped silently.
+func platformConfigFromProto(pc *structpb.Struct, sb *compute.Sandbox) error {
+	t := &sb.Spec.Template
+	str := func(k string, v *structpb.Value) (string, error) {
+		s, ok := v.GetKind().(*structpb.Value_StringValue)
+		if !ok {
+			return "", errdefs.InvalidArgument(fmt.Sprintf("platform_config.%s must be a string", k))
+		}
+		return s.StringValue, nil
+	}
+	boolean := func(k string, v *structpb.Value) (bool, error) {
+		b, ok := v.GetKind().(*structpb.Value_BoolValue)
+		if !ok {
+			return false, errdefs.InvalidArgument(fmt.Sprintf("platform_config.%s must be a boolean", k))
+		}
+		return b.BoolValue, nil
+	}
+	var hostUsers *bool
+	for k, v := range pc.GetFields() {
+		var err error
+		switch k {
+		case keyRuntimeClassName:
+			t.RuntimeClassName, err = str(k, v)
+		case keyServiceAccountName:
+			t.ServiceAccountName, err = str(k, v)
+		case keyNamespace:
+			var ns string
+			if ns, err = str(k, v); err == nil && sb.Namespace == "" {
+				sb.Namespace = ns
+			}
+		case keyUserNamespaces:
+			var b bool
+			if b, err = boolean(k, v); err == nil {
+				t.UserNamespaces = &b
+			}
+		case keyHostUsers:
+			var b bool
+			if b, err = boolean(k, v); err == nil {
+				hostUsers = &b
+			}
+		case keyAnnotations:
+			s := v.GetStructValue()
+			if s == nil {
+				return errdefs.InvalidArgument("platform_config.annotations must be a map of strings")
+			}
+			t.Annotations = make(map[string]string, len(s.GetFields()))
+			for ak, av := range s.GetFields() {
+				sv, ok := av.GetKind().(*structpb.Value_StringValue)
+				if !ok {
+					return errdefs.InvalidArgument("platform_config.annotations must be a map of strings")
+				}
+				t.Annotations[ak] = sv.StringValue
+			}
+		default:
+			return errdefs.InvalidArgument(fmt.Sprintf("platform_config.%s is not supported", k))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if hostUsers != nil {
+		userns := !*hostUsers
+		t.UserNamespaces = &userns
+	}
+	return nil
 }
 
 func toStruct(what string, m map[string]any) (*structpb.Struct, error) {
@@ -108,16 +214,13 @@ func SandboxFromProto(p *computev1.DriverSandbox) (compute.Sandbox, error) {
 			},
 		},
 	}
-	if tmpl.GetPlatformConfig() != nil {
-		sb.Spec.Template.PlatformConfig = tmpl.GetPlatformConfig().AsMap()
+	if err := platformConfigFromProto(tmpl.GetPlatformConfig(), &sb); err != nil {
+		return compute.Sandbox{}, err
 	}
 	if tmpl.GetDriverConfig() != nil {
 		sb.Spec.Template.DriverConfig = tmpl.GetDriverConfig().AsMap()
 	}
-	if gpu := spec.GetResourceRequirements().GetGpu(); gpu != nil && gpu.Count != nil {
-		n := gpu.GetCount()
-		sb.Spec.GPUCount = &n
-	}
+	sb.Spec.Template.Resources.GPUs = spec.GetResourceRequirements().GetGpu().GetCount()
 	sb.Status = StatusFromProto(p.GetStatus())
 	return sb, nil
 }

@@ -174,7 +174,10 @@ func (f *fakeDriver) Watch(ctx context.Context) (<-chan compute.Event, func() er
 func (f *fakeDriver) EnsureWorkspace(context.Context, string) error { return f.err }
 func (f *fakeDriver) DeleteWorkspace(context.Context, string) error { return f.err }
 
+// adoptingDriver adds the Adopter and ServiceAccountSelector abilities.
 type adoptingDriver struct{ fakeDriver }
+
+func (a *adoptingDriver) SelectsServiceAccounts() {}
 
 func (a *adoptingDriver) Adopt(_ context.Context, req compute.AdoptRequest) (compute.AdoptResult, error) {
 	sb := req.Sandbox
@@ -226,18 +229,19 @@ func TestErrorsSurviveTheWire(t *testing.T) {
 }
 
 func TestRoundTrip(t *testing.T) {
-	gpus := uint32(2)
+	userns := true
 	in := compute.Sandbox{
 		ID: "id-1", Name: "n1", Namespace: "ns", Workspace: "team",
 		Spec: compute.Spec{
-			LogLevel: "info", Environment: map[string]string{"A": "1"}, GPUCount: &gpus,
+			LogLevel: "info", Environment: map[string]string{"A": "1"},
 			SandboxToken: "secret-token", Command: []string{"claude", "--yes"}, TTY: true,
 			Template: compute.Template{
 				Image: "img:1", AgentSocketPath: "/run/agent.sock",
 				Labels: map[string]string{"l": "v"}, Environment: map[string]string{"B": "2"},
-				Resources:      compute.Resources{CPURequest: "250m", CPULimit: "1", MemoryRequest: "128Mi", MemoryLimit: "1Gi"},
-				PlatformConfig: map[string]any{"runtime_class_name": "gvisor", "annotations": map[string]any{"a": "b"}, "n": 3.0},
-				DriverConfig:   map[string]any{"list": []any{"x", true}},
+				Annotations:      map[string]string{"a": "b"},
+				Resources:        compute.Resources{CPURequest: "250m", CPULimit: "1", MemoryRequest: "128Mi", MemoryLimit: "1Gi", GPUs: 2},
+				RuntimeClassName: "gvisor", ServiceAccountName: "agent-sa", UserNamespaces: &userns,
+				DriverConfig: map[string]any{"list": []any{"x", true}},
 			},
 		},
 		Status: compute.Status{SandboxName: "n1", InstanceID: "i1", AgentFD: "3", SandboxFD: "4", Deleting: true,

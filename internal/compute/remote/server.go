@@ -133,7 +133,7 @@ func (s *server) GetCapabilities(ctx context.Context, _ *computev1.GetCapabiliti
 }
 
 func (s *server) GetGatewayListenerRequirements(ctx context.Context, _ *computev1.GetGatewayListenerRequirementsRequest) (*computev1.GetGatewayListenerRequirementsResponse, error) {
-	reqs, err := s.d.ListenerRequirements(ctx)
+	reqs, err := compute.ListenerRequirements(ctx, s.d)
 	if err != nil {
 		return nil, err
 	}
@@ -145,15 +145,30 @@ func (s *server) GetGatewayListenerRequirements(ctx context.Context, _ *computev
 }
 
 func (s *server) ValidateSandboxCreate(ctx context.Context, req *computev1.ValidateSandboxCreateRequest) (*computev1.ValidateSandboxCreateResponse, error) {
-	sb, err := SandboxFromProto(req.GetSandbox())
+	sb, err := s.sandboxToCreate(ctx, req.GetSandbox())
 	if err != nil {
 		return nil, err
 	}
 	return &computev1.ValidateSandboxCreateResponse{}, s.d.ValidateCreate(ctx, sb)
 }
 
+// sandboxToCreate converts a create request's sandbox and refuses template
+// fields that need an ability the served driver lacks (compute.CheckTemplate),
+// so a separately served driver refuses what the in-process one would.
+func (s *server) sandboxToCreate(ctx context.Context, p *computev1.DriverSandbox) (compute.Sandbox, error) {
+	sb, err := SandboxFromProto(p)
+	if err != nil {
+		return compute.Sandbox{}, err
+	}
+	c, err := s.d.Capabilities(ctx)
+	if err != nil {
+		return compute.Sandbox{}, err
+	}
+	return sb, compute.CheckTemplate(s.d, c.DriverName, sb.Spec.Template)
+}
+
 func (s *server) CreateSandbox(ctx context.Context, req *computev1.CreateSandboxRequest) (*computev1.CreateSandboxResponse, error) {
-	sb, err := SandboxFromProto(req.GetSandbox())
+	sb, err := s.sandboxToCreate(ctx, req.GetSandbox())
 	if err != nil {
 		return nil, err
 	}
@@ -205,11 +220,11 @@ func (s *server) DeleteSandbox(ctx context.Context, req *computev1.DeleteSandbox
 }
 
 func (s *server) EnsureWorkspace(ctx context.Context, req *computev1.EnsureWorkspaceRequest) (*computev1.EnsureWorkspaceResponse, error) {
-	return &computev1.EnsureWorkspaceResponse{}, s.d.EnsureWorkspace(ctx, req.GetWorkspace())
+	return &computev1.EnsureWorkspaceResponse{}, compute.EnsureWorkspace(ctx, s.d, req.GetWorkspace())
 }
 
 func (s *server) DeleteWorkspace(ctx context.Context, req *computev1.DeleteWorkspaceRequest) (*computev1.DeleteWorkspaceResponse, error) {
-	return &computev1.DeleteWorkspaceResponse{}, s.d.DeleteWorkspace(ctx, req.GetWorkspace())
+	return &computev1.DeleteWorkspaceResponse{}, compute.DeleteWorkspace(ctx, s.d, req.GetWorkspace())
 }
 
 func (s *server) AdoptSandbox(ctx context.Context, req *computev1.AdoptSandboxRequest) (*computev1.AdoptSandboxResponse, error) {
