@@ -1,17 +1,17 @@
 // Package policy implements the sandbox configuration RPCs of
-// openshell.v1.OpenShell: GetSandboxConfig (the effective policy and
-// settings a supervisor enforces), UpdateConfig (a new policy revision)
-// and ReportPolicyStatus (whether the supervisor loaded a revision).
-// Revisions are scoped store records of the sandbox.
+// openshell.v1.OpenShell: GetSandboxConfig (the policy and settings the
+// supervisor is to enforce), UpdateConfig (a new policy revision, checked
+// with OpenShell's safety and live-update rules), ReportPolicyStatus
+// (whether the supervisor enforces a revision), GetSandboxPolicyStatus and
+// ListSandboxPolicies (the revisions and their statuses). The rules and
+// the revision workflow live in internal/policy (History); this package
+// adds authorization and the wire shapes.
 package policy
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -22,6 +22,7 @@ import (
 	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/lifecycle"
+	policyrules "github.com/openshell-go/openshell/internal/policy"
 	"github.com/openshell-go/openshell/internal/store"
 )
 
@@ -34,36 +35,17 @@ type Options struct {
 }
 
 // Service implements the policy RPCs. It is safe for concurrent use.
-type Service struct{ o Options }
+type Service struct {
+	o       Options
+	history policyrules.History
+}
 
 // New returns a Service.
 func New(o Options) *Service {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Service{o: o}
-}
-
-// policyRecordType holds policy revisions, scoped by sandbox id.
-const policyRecordType = store.TypeSandboxPolicy
-
-func policyHash(p *sandboxv1.SandboxPolicy) string {
-	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(p)
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
-}
-
-func (s *Service) latestPolicy(ctx context.Context, sandboxID string) (*openshellv1.SandboxPolicyRevision, error) {
-	rec, err := s.o.Store.GetLatestScoped(ctx, policyRecordType, sandboxID, "")
-	if err != nil {
-		return nil, err
-	}
-	rev := &openshellv1.SandboxPolicyRevision{}
-	if err := proto.Unmarshal(rec.Payload, rev); err != nil {
-		return nil, fmt.Errorf("decode policy revision: %w", err)
-	}
-	rev.Version = uint32(rec.Version)
-	return rev, nil
+	return &Service{o: o, history: policyrules.History{Store: o.Store, Now: o.Now}}
 }
 
 // GetSandboxConfig returns the sandbox's effective policy and settings.
@@ -73,16 +55,13 @@ func (s *Service) GetSandboxConfig(ctx context.Context, req *sandboxv1.GetSandbo
 		return nil, err
 	}
 	resp := &sandboxv1.GetSandboxConfigResponse{Workspace: sb.GetMetadata().GetWorkspace(), PolicyValidationFailureMode: "fail_closed"}
-	rev, err := s.latestPolicy(ctx, sb.GetMetadata().GetId())
+	rev, err := s.history.Latest(ctx, sb)
 	switch {
 	case err == nil:
 		resp.Policy, resp.Version, resp.PolicyHash = rev.GetPolicy(), rev.GetVersion(), rev.GetPolicyHash()
 		resp.PolicySource = sandboxv1.PolicySource_POLICY_SOURCE_SANDBOX
 	case errors.Is(err, errdefs.ErrNotFound):
-		if p := sb.GetSpec().GetPolicy(); p != nil {
-			resp.Policy, resp.Version, resp.PolicyHash = p, 1, policyHash(p)
-			resp.PolicySource = sandboxv1.PolicySource_POLICY_SOURCE_SANDBOX
-		}
+		// No policy: the supervisor seeds one with UpdateConfig.
 	default:
 		return nil, err
 	}
@@ -116,32 +95,16 @@ func (s *Service) UpdateConfig(ctx context.Context, req *openshellv1.UpdateConfi
 	if err != nil {
 		return nil, err
 	}
-	id := sb.GetMetadata().GetId()
-	hash := policyHash(req.GetPolicy())
-	if latest, err := s.latestPolicy(ctx, id); err == nil && latest.GetPolicyHash() == hash {
-		return &openshellv1.UpdateConfigResponse{Version: latest.GetVersion(), PolicyHash: hash}, nil
-	}
-	rev := &openshellv1.SandboxPolicyRevision{
-		PolicyHash: hash, Status: openshellv1.PolicyStatus_POLICY_STATUS_PENDING,
-		CreatedAtMs: s.o.Now().UnixMilli(), Policy: req.GetPolicy(),
-	}
-	payload, err := proto.Marshal(rev)
+	rev, err := s.history.Update(ctx, sb, req.GetPolicy())
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.o.Store.CommitPolicyRevision(ctx, store.PolicyRevision{
-		Revision:        store.Record{Type: policyRecordType, Scope: id, Status: rev.Status.String(), Payload: payload},
-		SupersedeStatus: openshellv1.PolicyStatus_POLICY_STATUS_SUPERSEDED.String(),
-		SupersedeFrom:   []string{openshellv1.PolicyStatus_POLICY_STATUS_PENDING.String()},
-	})
-	if err != nil {
-		return nil, err
-	}
-	return &openshellv1.UpdateConfigResponse{Version: uint32(res.Revision.Version), PolicyHash: hash}, nil
+	return &openshellv1.UpdateConfigResponse{Version: rev.GetVersion(), PolicyHash: rev.GetPolicyHash()}, nil
 }
 
-// ReportPolicyStatus records whether the supervisor loaded a policy
-// revision.
+// ReportPolicyStatus records whether the supervisor enforces a policy
+// revision: LOADED (the sandbox's current_policy_version becomes that
+// version) or FAILED with the reason.
 func (s *Service) ReportPolicyStatus(ctx context.Context, req *openshellv1.ReportPolicyStatusRequest) (*openshellv1.ReportPolicyStatusResponse, error) {
 	if req.GetSandboxId() == "" {
 		return nil, errdefs.InvalidArgument("sandbox_id is required")
@@ -149,30 +112,69 @@ func (s *Service) ReportPolicyStatus(ctx context.Context, req *openshellv1.Repor
 	if err := authz.EnsureSandboxScope(ctx, req.GetSandboxId()); err != nil {
 		return nil, err
 	}
-	recs, err := s.o.Store.ListScoped(ctx, policyRecordType, req.GetSandboxId(), store.MaxLimit, 0)
+	if err := s.history.Report(ctx, req.GetSandboxId(), req.GetVersion(), req.GetStatus(), req.GetLoadError()); err != nil {
+		return nil, err
+	}
+	if req.GetStatus() == openshellv1.PolicyStatus_POLICY_STATUS_LOADED {
+		if err := s.o.Engine.SetCurrentPolicyVersion(ctx, req.GetSandboxId(), req.GetVersion()); err != nil {
+			return nil, err
+		}
+	}
+	return &openshellv1.ReportPolicyStatusResponse{}, nil
+}
+
+// sandboxByName loads the sandbox a policy-status request names, with
+// the caller's workspace membership checked (a refusal reads NotFound).
+func (s *Service) sandboxByName(ctx context.Context, global bool, workspace, name string) (*openshellv1.Sandbox, error) {
+	if global {
+		return nil, errdefs.Unimplemented("global policies are not supported by this gateway")
+	}
+	if name == "" {
+		return nil, errdefs.InvalidArgument("name is required")
+	}
+	if err := s.o.Authz.Sandbox(ctx, workspace, name, openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER); err != nil {
+		return nil, err
+	}
+	return s.o.Engine.Get(ctx, workspace, name)
+}
+
+// GetSandboxPolicyStatus returns one revision of a sandbox's policy (the
+// newest when version is 0) with the version its supervisor last loaded.
+func (s *Service) GetSandboxPolicyStatus(ctx context.Context, req *openshellv1.GetSandboxPolicyStatusRequest) (*openshellv1.GetSandboxPolicyStatusResponse, error) {
+	sb, err := s.sandboxByName(ctx, req.GetGlobal(), req.GetWorkspace(), req.GetName())
 	if err != nil {
 		return nil, err
 	}
-	for _, rec := range recs {
-		if rec.Version != int64(req.GetVersion()) {
-			continue
-		}
-		rev := &openshellv1.SandboxPolicyRevision{}
-		if err := proto.Unmarshal(rec.Payload, rev); err != nil {
-			return nil, fmt.Errorf("decode policy revision: %w", err)
-		}
-		rev.Status, rev.LoadError = req.GetStatus(), req.GetLoadError()
-		if req.GetStatus() == openshellv1.PolicyStatus_POLICY_STATUS_LOADED {
-			rev.LoadedAtMs = s.o.Now().UnixMilli()
-		}
-		rec.Status = rev.Status.String()
-		if rec.Payload, err = proto.Marshal(rev); err != nil {
-			return nil, err
-		}
-		if _, err := s.o.Store.UpdateScoped(ctx, rec, rec.ResourceVersion); err != nil {
-			return nil, err
-		}
-		return &openshellv1.ReportPolicyStatusResponse{}, nil
+	rev, err := s.history.Get(ctx, sb.GetMetadata().GetId(), req.GetVersion())
+	if err != nil {
+		return nil, err
 	}
-	return nil, errdefs.NotFound("policy version " + strconv.Itoa(int(req.GetVersion())) + " not found")
+	return &openshellv1.GetSandboxPolicyStatusResponse{Revision: rev, ActiveVersion: sb.GetStatus().GetCurrentPolicyVersion()}, nil
+}
+
+// Paging of ListSandboxPolicies, as OpenShell: 50 by default.
+const (
+	defaultPolicyPage = 50
+	maxPolicyPage     = store.MaxLimit
+)
+
+// ListSandboxPolicies returns a sandbox's policy revisions, newest first,
+// without their policy bodies.
+func (s *Service) ListSandboxPolicies(ctx context.Context, req *openshellv1.ListSandboxPoliciesRequest) (*openshellv1.ListSandboxPoliciesResponse, error) {
+	sb, err := s.sandboxByName(ctx, req.GetGlobal(), req.GetWorkspace(), req.GetName())
+	if err != nil {
+		return nil, err
+	}
+	limit := int(min(req.GetLimit(), maxPolicyPage))
+	if limit == 0 {
+		limit = defaultPolicyPage
+	}
+	revs, err := s.history.List(ctx, sb.GetMetadata().GetId(), limit, int(req.GetOffset()))
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range revs {
+		r.Policy = nil
+	}
+	return &openshellv1.ListSandboxPoliciesResponse{Revisions: revs}, nil
 }

@@ -1,0 +1,139 @@
+package gatewaytest
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+)
+
+// waitPolicyStatus polls GetSandboxPolicyStatus until version of sandbox
+// name leaves PENDING and returns that revision with the active version.
+func waitPolicyStatus(ctx context.Context, t *testing.T, c openshellv1.OpenShellClient, name string, version uint32) *openshellv1.GetSandboxPolicyStatusResponse {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var last *openshellv1.GetSandboxPolicyStatusResponse
+	var lastErr error
+	for time.Now().Before(deadline) {
+		last, lastErr = c.GetSandboxPolicyStatus(ctx, &openshellv1.GetSandboxPolicyStatusRequest{Name: name, Version: version})
+		if lastErr == nil && last.GetRevision().GetStatus() != openshellv1.PolicyStatus_POLICY_STATUS_PENDING {
+			return last
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("policy version %d of %s still pending after 30s: %v, %v", version, name, last, lastErr)
+	return nil
+}
+
+// TestPolicyEndToEnd: a real gateway and real supervisors. An unsafe
+// spec.policy is refused with every violation and leaves no sandbox; a
+// sandbox created with a policy reaches READY, its policy is version 1 and
+// the supervisor's report is stored on it: FAILED with the reason for the
+// sections it does not enforce, LOADED for a policy that asks for nothing
+// it cannot do. On the live sandbox only the network rules may change.
+func TestPolicyEndToEnd(t *testing.T) {
+	g := Start(t, Options{})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+
+	_, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "unsafe", Spec: &openshellv1.SandboxSpec{
+		Command: []string{"sleep", "infinity"},
+		Policy: &sandboxv1.SandboxPolicy{
+			Process:    &sandboxv1.ProcessPolicy{RunAsUser: "root"},
+			Filesystem: &sandboxv1.FilesystemPolicy{ReadOnly: []string{"/usr/../etc/shadow"}, ReadWrite: []string{"/"}},
+		},
+	}})
+	wantCode(t, "CreateSandbox(unsafe policy)", err, codes.InvalidArgument, "policy contains unsafe content: "+
+		"run_as_user must be 'sandbox' or a numeric UID/GID in range [1, 4294967294], got 'root'; "+
+		"path contains '..' traversal component: /usr/../etc/shadow; "+
+		"read-write path is overly broad: /")
+	noSandboxRecords(ctx, t, c, "a create with an unsafe policy")
+
+	pol := &sandboxv1.SandboxPolicy{
+		Version:    1,
+		Filesystem: &sandboxv1.FilesystemPolicy{IncludeWorkdir: true, ReadOnly: []string{"/usr"}, ReadWrite: []string{"/tmp"}},
+		NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{
+			"github": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.github.com", Port: 443}}},
+		},
+	}
+	if _, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "pol", Spec: &openshellv1.SandboxSpec{
+		Command: []string{"sleep", "infinity"}, Policy: pol,
+	}}); err != nil {
+		t.Fatalf("CreateSandbox(pol): %v", err)
+	}
+	WaitPhase(ctx, t, c, "pol", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, time.Minute)
+	st := waitPolicyStatus(ctx, t, c, "pol", 1)
+	rev := st.GetRevision()
+	if rev.GetVersion() != 1 || rev.GetStatus() != openshellv1.PolicyStatus_POLICY_STATUS_FAILED || !proto.Equal(rev.GetPolicy(), pol) {
+		t.Errorf("policy status of pol = version %d %v (policy %v), want version 1 FAILED with spec.policy", rev.GetVersion(), rev.GetStatus(), rev.GetPolicy())
+	}
+	for _, want := range []string{
+		"filesystem policy is not enforced by this supervisor",
+		"network policies are not enforced by this supervisor: there is no egress proxy (rules: github)",
+	} {
+		if !strings.Contains(rev.GetLoadError(), want) {
+			t.Errorf("load_error = %q, want it to contain %q", rev.GetLoadError(), want)
+		}
+	}
+	if st.GetActiveVersion() != 0 {
+		t.Errorf("active_version = %d, want 0: no version was loaded", st.GetActiveVersion())
+	}
+
+	// Live sandbox: static sections are refused, all at once, and nothing is stored.
+	changed := proto.Clone(pol).(*sandboxv1.SandboxPolicy)
+	changed.Filesystem.IncludeWorkdir = false
+	changed.Filesystem.ReadWrite = append(changed.Filesystem.ReadWrite, "/var")
+	changed.Process = &sandboxv1.ProcessPolicy{RunAsUser: "1000"}
+	_, err = c.UpdateConfig(ctx, &openshellv1.UpdateConfigRequest{Name: "pol", Policy: changed})
+	wantCode(t, "UpdateConfig(static change)", err, codes.InvalidArgument,
+		"filesystem include_workdir cannot be changed on a live sandbox; "+
+			"filesystem read_write path '/var' cannot be added on a live sandbox; "+
+			"process policy cannot be changed on a live sandbox (applied at startup)")
+	// Network rules may change: a new version.
+	more := proto.Clone(pol).(*sandboxv1.SandboxPolicy)
+	more.NetworkPolicies["pypi"] = &sandboxv1.NetworkPolicyRule{Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "pypi.org", Port: 443}}}
+	up, err := c.UpdateConfig(ctx, &openshellv1.UpdateConfigRequest{Name: "pol", Policy: more})
+	if err != nil || up.GetVersion() != 2 {
+		t.Fatalf("UpdateConfig(network rule added) = %v, %v; want version 2", up, err)
+	}
+	list, err := c.ListSandboxPolicies(ctx, &openshellv1.ListSandboxPoliciesRequest{Name: "pol"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var versions []uint32
+	for _, r := range list.GetRevisions() {
+		versions = append(versions, r.GetVersion())
+	}
+	if len(versions) != 2 || versions[0] != 2 || versions[1] != 1 {
+		t.Errorf("ListSandboxPolicies versions = %v, want [2 1]", versions)
+	}
+
+	// A policy whose sections are all empty asks for nothing: LOADED.
+	if _, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "plain", Spec: &openshellv1.SandboxSpec{
+		Command: []string{"sleep", "infinity"}, Policy: &sandboxv1.SandboxPolicy{Version: 1},
+	}}); err != nil {
+		t.Fatalf("CreateSandbox(plain): %v", err)
+	}
+	WaitPhase(ctx, t, c, "plain", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, time.Minute)
+	st = waitPolicyStatus(ctx, t, c, "plain", 0)
+	if r := st.GetRevision(); r.GetVersion() != 1 || r.GetStatus() != openshellv1.PolicyStatus_POLICY_STATUS_LOADED || r.GetLoadError() != "" || r.GetLoadedAtMs() == 0 {
+		t.Errorf("policy status of plain = %v, want version 1 LOADED", r)
+	}
+	if st.GetActiveVersion() != 1 {
+		t.Errorf("active_version of plain = %d, want 1", st.GetActiveVersion())
+	}
+	sb, err := c.GetSandbox(ctx, &openshellv1.GetSandboxRequest{Name: "plain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := sb.GetSandbox().GetStatus().GetCurrentPolicyVersion(); v != 1 {
+		t.Errorf("plain status.current_policy_version = %d, want 1", v)
+	}
+}
