@@ -51,7 +51,13 @@ type sessionClient struct {
 	relays sync.WaitGroup
 
 	mu     sync.Mutex
-	active map[string]context.CancelFunc // relay channel id → cancel
+	active map[string]*activeRelay // relay channel id → the relay serving it
+}
+
+// activeRelay is one relay being served; its pointer identifies the entry,
+// so a relay that ends removes its own entry and no other.
+type activeRelay struct {
+	cancel context.CancelFunc
 }
 
 // run is one session: hello, SessionAccepted, heartbeats and RelayOpen
@@ -146,16 +152,11 @@ func (s *sessionClient) run(ctx context.Context) (bool, error) {
 		case m := <-msgs:
 			idle.Reset(3 * interval)
 			if ro := m.GetRelayOpen(); ro != nil {
-				rctx, rcancel := context.WithCancel(relayCtx)
-				s.track(ro.GetChannelId(), rcancel)
-				s.relays.Go(func() {
-					defer s.untrack(ro.GetChannelId())
-					s.serveRelay(rctx, log, ro, send)
-				})
+				s.startRelay(relayCtx, log, ro, send)
 			}
 			if rc := m.GetRelayClose(); rc != nil {
 				log.Debug("gateway closed relay", "channel_id", rc.GetChannelId(), "reason", rc.GetReason())
-				s.untrack(rc.GetChannelId())
+				s.closeRelay(rc.GetChannelId())
 			}
 		case err := <-errc:
 			if errors.Is(err, io.EOF) {
@@ -170,24 +171,53 @@ func (s *sessionClient) run(ctx context.Context) (bool, error) {
 	}
 }
 
-func (s *sessionClient) track(id string, cancel context.CancelFunc) {
+// startRelay serves ro in its own goroutine, unless a relay for the same
+// channel is already being served: a superseding session replays the
+// gateway's pending relays, and the relay that got the first RelayOpen
+// already dials the target and claims the channel, which the gateway
+// grants once.
+func (s *sessionClient) startRelay(ctx context.Context, log *slog.Logger, ro *openshellv1.RelayOpen, send func(*openshellv1.SupervisorMessage) error) {
+	id := ro.GetChannelId()
+	ctx, cancel := context.WithCancel(ctx)
+	r := &activeRelay{cancel: cancel}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.active == nil {
-		s.active = map[string]context.CancelFunc{}
+	if _, dup := s.active[id]; dup {
+		s.mu.Unlock()
+		cancel()
+		log.Debug("replayed relay is already being served", "channel_id", id)
+		return
 	}
-	s.active[id] = cancel
+	if s.active == nil {
+		s.active = map[string]*activeRelay{}
+	}
+	s.active[id] = r
+	s.mu.Unlock()
+	s.relays.Go(func() {
+		defer s.untrack(id, r)
+		s.serveRelay(ctx, log, ro, send)
+	})
 }
 
-// untrack forgets a relay and cancels it (ending its RelayStream call).
-func (s *sessionClient) untrack(id string) {
+// closeRelay cancels the relay serving channel id, if any (ending its
+// RelayStream call).
+func (s *sessionClient) closeRelay(id string) {
 	s.mu.Lock()
-	cancel := s.active[id]
-	delete(s.active, id)
+	r := s.active[id]
 	s.mu.Unlock()
-	if cancel != nil {
-		cancel()
+	if r != nil {
+		s.untrack(id, r)
 	}
+}
+
+// untrack forgets r, if it still is the relay of channel id, and cancels
+// it.
+func (s *sessionClient) untrack(id string, r *activeRelay) {
+	s.mu.Lock()
+	if s.active[id] == r {
+		delete(s.active, id)
+	}
+	s.mu.Unlock()
+	r.cancel()
 }
 
 func recvErr(stream openshellv1.OpenShell_ConnectSupervisorClient) error {
