@@ -28,6 +28,12 @@ const (
 	MaxPathLength = 4096
 )
 
+// Landlock compatibility modes; empty means best_effort.
+const (
+	LandlockBestEffort      = "best_effort"
+	LandlockHardRequirement = "hard_requirement"
+)
+
 // unsafePrefix starts the message of every Validate error, as in OpenShell.
 const unsafePrefix = "policy contains unsafe content: "
 
@@ -43,10 +49,17 @@ func Validate(p *sandboxv1.SandboxPolicy) error {
 
 // Violations returns the safety violations of p in OpenShell's order:
 // process identity, filesystem paths, then network endpoints by policy key.
+// One rule is this gateway's own: a Landlock compatibility other than
+// best_effort and hard_requirement is refused (OpenShell reads any other
+// value as best_effort, so a misspelt hard_requirement would silently
+// weaken the sandbox).
 func Violations(p *sandboxv1.SandboxPolicy) []string {
 	var v []string
 	v = append(v, processViolations(p.GetProcess())...)
 	v = append(v, filesystemViolations(p.GetFilesystem())...)
+	if c := p.GetLandlock().GetCompatibility(); c != "" && c != LandlockBestEffort && c != LandlockHardRequirement {
+		v = append(v, fmt.Sprintf("landlock compatibility must be '%s' or '%s', got '%s'", LandlockBestEffort, LandlockHardRequirement, c))
+	}
 	v = append(v, networkViolations(p.GetNetworkPolicies())...)
 	return v
 }
