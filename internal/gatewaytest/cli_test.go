@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/creack/pty"
+
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 )
 
 // cli runs the real openshell binary against a gateway registered in a
@@ -153,7 +155,12 @@ func TestCLIEndToEnd(t *testing.T) {
 	t.Run("forward 10MB", func(t *testing.T) {
 		remote := freePort(t)
 		// An echo server inside the sandbox (shares the host network here).
-		c.ok("sandbox", "create", "--name", "echo", "--detach", "--", HelperBinary(t), "echo", strconv.Itoa(remote))
+		c.ok(append([]string{"sandbox", "create", "--name", "echo", "--detach", "--"}, HelperCommand("echo", strconv.Itoa(remote))...)...)
+		sb, err := g.Client().GetSandbox(t.Context(), &openshellv1.GetSandboxRequest{Name: "echo"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.InstallHelper(t, sb.GetSandbox().GetMetadata().GetId())
 		local := freePort(t)
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()

@@ -31,7 +31,7 @@ func TestExec(t *testing.T) {
 	defer cancel()
 	sb := readySandbox(ctx, t, c, "exec")
 	id := sb.GetMetadata().GetId()
-	spew := HelperBinary(t)
+	spew := g.InstallHelper(t, id)
 
 	tests := []struct {
 		name             string

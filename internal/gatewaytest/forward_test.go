@@ -57,9 +57,10 @@ func TestForwardTcp(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	port := freeLocalPort(t)
-	sb := readySandbox(ctx, t, c, "fwd", HelperBinary(t), "echo", strconv.Itoa(int(port)))
+	sb := readySandbox(ctx, t, c, "fwd", HelperCommand("echo", strconv.Itoa(int(port)))...)
 	other := readySandbox(ctx, t, c, "other")
 	id := sb.GetMetadata().GetId()
+	g.InstallHelper(t, id)
 	sess, err := c.CreateSshSession(ctx, &openshellv1.CreateSshSessionRequest{SandboxId: id})
 	if err != nil {
 		t.Fatal(err)

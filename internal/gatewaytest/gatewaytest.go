@@ -182,6 +182,36 @@ func HelperBinary(t testing.TB) string {
 	return helperPath
 }
 
+// helperInWorkspace is where InstallHelper puts the helper binary inside
+// a process-driver sandbox (the host's paths are not visible there).
+const helperInWorkspace = "/sandbox/.sbhelper"
+
+// HelperCommand is the argv of a sandbox main process that runs the helper
+// binary with args once InstallHelper has copied it into the workspace.
+func HelperCommand(args ...string) []string {
+	return append([]string{"sh", "-c", `until [ -x ` + helperInWorkspace + ` ]; do sleep 0.05; done; exec ` + helperInWorkspace + ` "$@"`, "sbhelper"}, args...)
+}
+
+// InstallHelper copies the helper binary into the workspace of the
+// process-driver sandbox id and returns its path inside the sandbox.
+func (g *Gateway) InstallHelper(t testing.TB, id string) string {
+	t.Helper()
+	data, err := os.ReadFile(HelperBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := filepath.Join(g.StateDir, "sandboxes", id, "workspace")
+	tmp := filepath.Join(ws, ".sbhelper.partial")
+	if err := os.WriteFile(tmp, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Renamed into place whole: the waiting sandbox never runs a partial file.
+	if err := os.Rename(tmp, filepath.Join(ws, filepath.Base(helperInWorkspace))); err != nil {
+		t.Fatal(err)
+	}
+	return helperInWorkspace
+}
+
 func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")

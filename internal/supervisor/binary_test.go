@@ -146,7 +146,7 @@ func TestBinaryInNamespaces(t *testing.T) {
 	}
 
 	// Killing the main process is reported as 128+9.
-	if got, err := execIn(t, gw, id, sshexec.Request{Command: []string{"sh", "-c", "kill -9 $(cat main.pid)"}, Workdir: work}); err != nil || got.code != 0 {
+	if got, err := execIn(t, gw, id, sshexec.Request{Command: []string{"sh", "-c", "kill -9 $(cat main.pid)"}, Workdir: "/sandbox"}); err != nil || got.code != 0 {
 		t.Fatalf("exec kill = %+v, %v", got, err)
 	}
 	gw.WaitFor(t, 15*time.Second, "exit report", func(s *relaytest.State) bool {

@@ -14,26 +14,19 @@ import (
 // before anything else, in the new mount and uts namespaces the driver
 // created, and before the first connection to the gateway.
 //
-// With OPENSHELL_ROOTFS it pivots into the image (see enterRootfs) and
-// points cfg.WorkspaceDir at /sandbox. Otherwise, with
-// OPENSHELL_PRIVATE_TMP, the sandbox keeps the host filesystem with a
-// private /tmp, read-only system directories and its own /proc (see
-// setupHostFS). Every failure names the step and path; the supervisor then
-// exits non-zero.
+// With OPENSHELL_PRIVATE_TMP or OPENSHELL_ROOTFS it builds the sandbox's
+// own root filesystem and pivots into it (see enterSandboxRoot): the image
+// under a per-sandbox writable layer, or, without an image, read-only
+// binds of the host's system directories on a fresh tmpfs; the workspace
+// at /sandbox (cfg.WorkspaceDir points there afterwards). Every failure
+// names the step and path; the supervisor then exits non-zero.
 func setupNamespaces(cfg *Config) error {
 	if cfg.PrivateTmp || cfg.Rootfs != "" {
 		// Keep our mounts from propagating back to the host first.
 		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 			return fmt.Errorf("make mounts private (needs a new mount namespace): %w", err)
 		}
-	}
-	switch {
-	case cfg.Rootfs != "":
-		if err := enterRootfs(cfg); err != nil {
-			return err
-		}
-	case cfg.PrivateTmp:
-		if err := setupHostFS(cfg); err != nil {
+		if err := enterSandboxRoot(cfg); err != nil {
 			return err
 		}
 	}
@@ -48,8 +41,8 @@ func setupNamespaces(cfg *Config) error {
 // pinUnixEndpoint keeps a unix:// gateway socket reachable after a private
 // /tmp hides its directory or a pivot_root leaves the host filesystem: it
 // opens the directory now and rewrites the endpoint to go through
-// /proc/self/fd. The returned file must stay open. In a rootfs sandbox
-// enterRootfs replaces that fd by a bind of the directory inside the image.
+// /proc/self/fd. The returned file must stay open. enterSandboxRoot
+// replaces that fd by a detached bind of the directory.
 func pinUnixEndpoint(cfg *Config) (*os.File, error) {
 	if (!cfg.PrivateTmp && cfg.Rootfs == "") || !strings.HasPrefix(cfg.Endpoint, "unix://") {
 		return nil, nil

@@ -239,31 +239,6 @@ func mountProc(target string) error {
 	return unix.Mount("proc", target, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
 }
 
-// setupHostFS isolates a sandbox that sees the host filesystem: private
-// /tmp, read-only system directories, and its own /proc.
-func setupHostFS(cfg *Config) error {
-	if err := unix.Mount("tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
-		return fmt.Errorf("mount private /tmp: %w", err)
-	}
-	var keep []string
-	if cfg.WorkspaceDir != "" {
-		keep = append(keep, cfg.WorkspaceDir)
-	} else if wd, err := os.Getwd(); err == nil {
-		keep = append(keep, wd)
-	}
-	if err := protectSystemDirs(keep); err != nil {
-		return err
-	}
-	// Without a fresh proc the sandbox would see every host process.
-	// Where the kernel refuses it (an unprivileged user namespace under a
-	// container runtime that masks parts of /proc) the host's /proc stays:
-	// such a sandbox sees the host filesystem anyway.
-	if err := mountProc("/proc"); err != nil && !errors.Is(err, unix.EPERM) {
-		return fmt.Errorf("mount /proc for the sandbox pid namespace: %w", err)
-	}
-	return nil
-}
-
 // rootfsDir returns root/name, creating it as a directory when missing.
 // An existing entry must be a real directory: a symlink in the image could
 // otherwise point the mount at a host path.
@@ -285,111 +260,166 @@ func rootfsDir(root, name string) (string, error) {
 	return p, nil
 }
 
-// enterRootfs pivots into cfg.Rootfs: workspace at /sandbox, fresh /proc,
-// a minimal /dev, a private /tmp, the gateway socket's directory, then
-// pivot_root and read-only system directories inside the image.
-func enterRootfs(cfg *Config) error {
-	step := func(what string, err error) error { return fmt.Errorf("rootfs %s: %s: %w", cfg.Rootfs, what, err) }
-	root, err := filepath.EvalSymlinks(cfg.Rootfs)
-	if err != nil {
-		return step("resolve", err)
+// stagingDir is where the sandbox's root is assembled before pivot_root.
+// The host's /tmp is hidden from the sandbox anyway; every source under it
+// (workspace, image, layer) is pinned by an fd or resolved before the
+// staging mount covers it.
+const stagingDir = "/tmp"
+
+// enterSandboxRoot builds the sandbox's root filesystem and pivots into
+// it: the image (cfg.Rootfs, under a per-sandbox writable layer) or a fresh
+// tmpfs root holding read-only binds of the host's system directories; in
+// both, the workspace at /sandbox, a fresh /proc, a minimal /dev and a
+// private /tmp. Nothing else of the host is reachable afterwards: not the
+// gateway's state directory, other sandboxes, /root, /home or host devices.
+func enterSandboxRoot(cfg *Config) error {
+	what := "sandbox root"
+	if cfg.Rootfs != "" {
+		what = "rootfs " + cfg.Rootfs
 	}
-	if !isDirPath(root) || root == "/" {
-		return step("check", errors.New("not a directory other than /"))
-	}
+	step := func(s string, err error) error { return fmt.Errorf("%s: %s: %w", what, s, err) }
 	ws := cfg.WorkspaceDir
 	if ws == "" {
+		var err error
 		if ws, err = os.Getwd(); err != nil {
 			return step("workspace", err)
 		}
 	}
+	// Pinned before the staging mount may cover the workspace's path.
+	wsFD, err := unix.Open(ws, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return step("open workspace "+ws, err)
+	}
+	defer func() { _ = unix.Close(wsFD) }()
 	// The gateway socket's directory, pinned by pinUnixEndpoint as an open
 	// fd named in the endpoint; it is re-pointed after the pivot.
 	gwFD, gwName := pinnedEndpoint(cfg.Endpoint)
 
-	if err := unix.Mount(root, root, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return step("bind onto itself", err)
+	root := stagingDir
+	if cfg.Rootfs != "" {
+		if err := mountImage(cfg.Rootfs, cfg.RootfsLayer, root); err != nil {
+			return step("mount image", err)
+		}
+	} else if err := mountHostSystem(root); err != nil {
+		return step("host system directories", err)
 	}
-	dst, err := rootfsDir(root, sandboxWorkspace)
-	if err != nil {
-		return step("workspace mount point", err)
+	if err := populateRoot(root, wsFD, gwFD); err != nil {
+		return step("populate", err)
 	}
-	if err := unix.Mount(ws, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return step("bind workspace "+ws+" at "+dst, err)
-	}
-	if dst, err = rootfsDir(root, "proc"); err != nil {
-		return step("proc mount point", err)
-	}
-	if err := mountProc(dst); err != nil {
-		// No fallback to the host's /proc: its /proc/<pid>/root links lead
-		// out of the root filesystem.
-		return step("mount proc at "+dst, err)
-	}
-	if dst, err = rootfsDir(root, "dev"); err != nil {
-		return step("dev mount point", err)
-	}
-	if err := mountDev(dst); err != nil {
-		return step("dev", err)
-	}
-	if dst, err = rootfsDir(root, "tmp"); err != nil {
-		return step("tmp mount point", err)
-	}
-	if err := unix.Mount("tmpfs", dst, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
-		return step("mount private tmp at "+dst, err)
+	if err := pivotInto(root); err != nil {
+		return step("pivot", err)
 	}
 	if gwFD >= 0 {
-		dst = filepath.Join(root, gatewayDirInRootfs)
-		if err := os.Mkdir(dst, 0o700); err != nil {
-			return step("gateway socket mount point", err)
-		}
-		src := "/proc/self/fd/" + strconv.Itoa(gwFD)
-		if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
-			return step("bind gateway socket directory at "+dst, err)
-		}
-		// Connecting to a socket needs no write access to its mount.
-		if err := unix.Mount("", dst, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-			return step("remount gateway socket directory read-only", err)
+		if err := repointGateway(gwFD, gwName); err != nil {
+			return step("gateway socket", err)
 		}
 	}
-	// pivot_root(".", ".") stacks the old root on top of the new one;
-	// detaching it leaves the image as / without a directory for the old
-	// root (image directories may be shared by several sandboxes).
-	if err := unix.Chdir(root); err != nil {
-		return step("chdir", err)
-	}
-	if err := unix.PivotRoot(".", "."); err != nil {
-		return step("pivot_root", err)
-	}
-	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
-		return step("detach the old root", err)
-	}
-	if err := unix.Chdir("/"); err != nil {
-		return step("chdir /", err)
-	}
-	if gwFD >= 0 {
-		// Replace the host directory fd by the bound copy, so no fd of
-		// the supervisor leads back into the host filesystem.
-		in, err := unix.Open(gatewayDirInRootfs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return step("open "+gatewayDirInRootfs, err)
+	if cfg.Rootfs != "" {
+		if err := protectSystemDirs([]string{sandboxWorkspace}); err != nil {
+			return step("inside the image", err)
 		}
-		if err := unix.Dup3(in, gwFD, unix.O_CLOEXEC); err != nil {
-			return step("re-point gateway socket fd", err)
-		}
-		_ = unix.Close(in)
-		if _, err := os.Stat(filepath.Join("/proc/self/fd", strconv.Itoa(gwFD), gwName)); err != nil {
-			return step("gateway socket after pivot", err)
-		}
-	}
-	if err := protectSystemDirs([]string{sandboxWorkspace}); err != nil {
-		return step("inside the image", err)
+	} else if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		// The tmpfs root itself: nothing may be added next to the binds.
+		return step("remount / read-only", err)
 	}
 	if err := unix.Chdir(sandboxWorkspace); err != nil {
 		return step("chdir "+sandboxWorkspace, err)
 	}
 	cfg.WorkspaceDir = sandboxWorkspace
-	_ = os.Setenv(EnvWorkspaceDir, sandboxWorkspace) // children see the path inside the image
+	_ = os.Setenv(EnvWorkspaceDir, sandboxWorkspace) // children see the path inside the root
 	_ = os.Setenv("PWD", sandboxWorkspace)
+	return nil
+}
+
+// populateRoot mounts what every sandbox root holds: the workspace at
+// /sandbox, a fresh proc, a minimal /dev, a private /tmp, and the gateway
+// socket's directory (bound read-only on the /dev tmpfs, detached again
+// after the pivot).
+func populateRoot(root string, wsFD, gwFD int) error {
+	dst, err := rootfsDir(root, sandboxWorkspace)
+	if err != nil {
+		return fmt.Errorf("workspace mount point: %w", err)
+	}
+	if err := unix.Mount(fdPath(wsFD), dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind workspace at %s: %w", dst, err)
+	}
+	if dst, err = rootfsDir(root, "proc"); err != nil {
+		return fmt.Errorf("proc mount point: %w", err)
+	}
+	if err := mountProc(dst); err != nil {
+		// No fallback to the host's /proc: its /proc/<pid>/root links lead
+		// out of the root filesystem.
+		return fmt.Errorf("mount proc at %s: %w", dst, err)
+	}
+	if dst, err = rootfsDir(root, "dev"); err != nil {
+		return fmt.Errorf("dev mount point: %w", err)
+	}
+	if err := mountDev(dst); err != nil {
+		return fmt.Errorf("dev: %w", err)
+	}
+	if dst, err = rootfsDir(root, "tmp"); err != nil {
+		return fmt.Errorf("tmp mount point: %w", err)
+	}
+	if err := unix.Mount("tmpfs", dst, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+		return fmt.Errorf("mount private tmp at %s: %w", dst, err)
+	}
+	if gwFD >= 0 {
+		dst = filepath.Join(root, gatewayDirInRootfs)
+		if err := os.Mkdir(dst, 0o700); err != nil {
+			return fmt.Errorf("gateway socket mount point: %w", err)
+		}
+		if err := unix.Mount(fdPath(gwFD), dst, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind gateway socket directory at %s: %w", dst, err)
+		}
+		// Connecting to a socket needs no write access to its mount.
+		if err := unix.Mount("", dst, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("remount gateway socket directory read-only: %w", err)
+		}
+	}
+	return nil
+}
+
+func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
+
+// pivotInto makes root the root directory. pivot_root(".", ".") stacks the
+// old root on top of the new one; detaching it leaves the new root as /
+// without a directory for the old root (so nothing is created in an image).
+func pivotInto(root string) error {
+	if err := unix.Chdir(root); err != nil {
+		return fmt.Errorf("chdir %s: %w", root, err)
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach the old root: %w", err)
+	}
+	return unix.Chdir("/")
+}
+
+// repointGateway replaces the host directory fd gwFD by the bound copy, so
+// no fd of the supervisor leads back into the host filesystem, then
+// detaches the bind: the fd keeps the detached mount alive for connect(2),
+// and the sandbox no longer sees the directory at all.
+func repointGateway(gwFD int, gwName string) error {
+	in, err := unix.Open(gatewayDirInRootfs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", gatewayDirInRootfs, err)
+	}
+	if err := unix.Dup3(in, gwFD, unix.O_CLOEXEC); err != nil {
+		_ = unix.Close(in)
+		return fmt.Errorf("re-point fd: %w", err)
+	}
+	_ = unix.Close(in)
+	if err := unix.Unmount(gatewayDirInRootfs, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach %s: %w", gatewayDirInRootfs, err)
+	}
+	if err := os.Remove(gatewayDirInRootfs); err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(fdPath(gwFD), gwName)); err != nil {
+		return fmt.Errorf("after pivot: %w", err)
+	}
 	return nil
 }
 

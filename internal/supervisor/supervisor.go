@@ -74,10 +74,13 @@ type Config struct {
 	ReconnectMin, ReconnectMax time.Duration
 
 	// Process-driver contract (Linux, new namespaces): hostname to set,
-	// private tmpfs on /tmp, and a root filesystem to pivot into.
-	Hostname   string
-	PrivateTmp bool
-	Rootfs     string
+	// a root of its own (PrivateTmp: assembled from the host's system
+	// directories; Rootfs: an image directory, with its writable layer
+	// in RootfsLayer).
+	Hostname    string
+	PrivateTmp  bool
+	Rootfs      string
+	RootfsLayer string
 
 	// ReapAll makes the supervisor reap every child it inherits (PID 1).
 	ReapAll bool
@@ -112,11 +115,13 @@ const (
 	EnvHostname       = "OPENSHELL_SANDBOX_HOSTNAME"
 	EnvPrivateTmp     = "OPENSHELL_PRIVATE_TMP"
 	EnvRootfs         = "OPENSHELL_ROOTFS"
+	EnvRootfsLayer    = "OPENSHELL_ROOTFS_LAYER"
 	EnvLogLevel       = "OPENSHELL_LOG_LEVEL"
 )
 
-// secretEnv are never passed to processes in the sandbox.
-var secretEnv = []string{EnvToken, EnvTLSKey}
+// secretEnv are never passed to processes in the sandbox (the token
+// file's path only tells where the secret is kept).
+var secretEnv = []string{EnvToken, EnvTokenFile, EnvTLSKey}
 
 // ConfigFromEnv builds a Config from OPENSHELL_* variables.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
@@ -135,6 +140,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		SSHSocket:      getenv(EnvSSHSocket),
 		Hostname:       getenv(EnvHostname),
 		Rootfs:         getenv(EnvRootfs),
+		RootfsLayer:    getenv(EnvRootfsLayer),
 	}
 	var err error
 	if v := getenv(EnvCommand); v != "" {
@@ -188,6 +194,9 @@ func (c *Config) Validate() error {
 	}
 	if c.SandboxID == "" {
 		return fmt.Errorf("%s is required", EnvSandboxID)
+	}
+	if c.Rootfs != "" && c.RootfsLayer == "" {
+		return fmt.Errorf("%s is required with %s (the image itself is never written)", EnvRootfsLayer, EnvRootfs)
 	}
 	if c.SandboxName == "" {
 		c.SandboxName = c.SandboxID
@@ -404,8 +413,10 @@ Compute drivers start it with no arguments and this environment:
   `+EnvSSHSocket+`       Unix socket of the SSH server (default: a private temp dir)
   `+EnvStartupTimeout+`  how long to retry the initial config fetch (default 2m)
   `+EnvHostname+`   hostname to set (own uts namespace)
-  `+EnvPrivateTmp+`      "true": private /tmp and read-only system directories (own mount namespace)
-  `+EnvRootfs+`           local root filesystem image to pivot into
+  `+EnvPrivateTmp+`      "true": pivot into a root of read-only host system directories,
+                             private /tmp and /dev, workspace at /sandbox (own mount namespace)
+  `+EnvRootfs+`           local root filesystem image to pivot into instead (read-only lower layer)
+  `+EnvRootfsLayer+`     directory holding the image's per-sandbox writable layer (required with `+EnvRootfs+`)
   `+EnvLogLevel+`        log level (trace, debug, info, warn, error)
 
 Flags:

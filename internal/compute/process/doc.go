@@ -21,7 +21,8 @@
 //
 //	state.json      the record: spec without token, instance id, pid, process start time, stopped flag
 //	token           the sandbox JWT (0600); never on a command line or in logs
-//	workspace/      the persistent workspace, kept across stop/start, removed on delete
+//	workspace/      the persistent workspace (/sandbox inside), kept across stop/start, removed on delete
+//	rootfs-layer/   a dir: image's writable layer (upper/ and work/, or copy/), kept across stop/start
 //	supervisor.log  the supervisor's stdout and stderr
 //
 // On New the driver re-discovers running supervisors: a recorded pid is
@@ -45,8 +46,8 @@
 // The driver starts the supervisor with no arguments, its working
 // directory the workspace, stdin /dev/null, and this environment (template
 // environment, then spec environment, then the variables below, which
-// cannot be overridden; nothing else leaks from the gateway's environment
-// except a default PATH and HOME when the sandbox sets none):
+// cannot be overridden; nothing else leaks from the gateway's environment;
+// PATH defaults to the usual system directories and HOME to /sandbox):
 //
 //	OPENSHELL_SANDBOX_ID          sandbox id
 //	OPENSHELL_SANDBOX_NAME        sandbox name
@@ -55,7 +56,7 @@
 //	OPENSHELL_SANDBOX_COMMAND     JSON array: the main process argv (empty array: supervisor default)
 //	OPENSHELL_SANDBOX_TTY         "true" or "false"
 //	OPENSHELL_LOG_LEVEL           log level from the spec (may be empty)
-//	OPENSHELL_WORKSPACE_DIR       host path of the persistent workspace
+//	OPENSHELL_WORKSPACE_DIR       host path of the persistent workspace (bound at /sandbox)
 //	OPENSHELL_INSTANCE_ID         id of this incarnation (new on every start)
 //
 // and, because Go cannot run code between clone and exec, these requests
@@ -65,58 +66,79 @@
 //
 //	OPENSHELL_PRIVATE_TMP         "true" (always): first make / recursively private
 //	                              (mount(NULL, "/", NULL, MS_REC|MS_PRIVATE)), so nothing
-//	                              the sandbox mounts reaches the host; then, without
-//	                              OPENSHELL_ROOTFS, isolate the host filesystem (below)
+//	                              the sandbox mounts reaches the host; then build the
+//	                              sandbox's own root and pivot into it (below)
 //	OPENSHELL_SANDBOX_HOSTNAME    sethostname(2) to the sandbox name (its own uts namespace)
-//	OPENSHELL_ROOTFS              set only for a local rootfs image: pivot into it (below)
+//	OPENSHELL_ROOTFS              set only for a local rootfs image: the root is the image
+//	OPENSHELL_ROOTFS_LAYER        with OPENSHELL_ROOTFS: <state_dir>/sandboxes/<id>/rootfs-layer,
+//	                              the image's per-sandbox writable layer
 //
-// Host filesystem (empty image): a fresh tmpfs on /tmp; the system
-// directories /usr, /bin, /sbin, /lib, /lib32, /lib64, /libx32, /etc and
-// /opt are resolved through symlinks (usrmerge: /bin -> usr/bin is covered
-// by /usr), bound recursively onto themselves and every mount under them
-// is remounted read-only, repeating its nosuid/nodev/noexec/atime flags
-// (locked in a user namespace); the workspace stays writable even inside
-// one of them; a fresh /proc for the pid namespace (kept as the host's
-// /proc only where the kernel refuses the mount with EPERM).
+// The sandbox's root is assembled at a staging mount on /tmp (every source
+// is pinned by an fd or resolved first) and entered with pivot_root(".",
+// ".") and a lazy unmount of the old root, so the host's filesystem is gone
+// from the supervisor's mount namespace:
 //
-// Root filesystem (image "dir:/path" or "/path"): the image is bound
-// recursively onto itself; the workspace is bound at <rootfs>/sandbox; a
-// fresh proc at <rootfs>/proc (a failure is fatal: the host's /proc would
-// lead out of the image); a tmpfs /dev holding bind mounts of the host's
-// null, zero, full, random, urandom and tty, a new devpts instance
-// (ptmx -> pts/ptmx), /dev/shm and the fd symlinks (device nodes cannot be
-// created in a user namespace, bind mounts of them can); a fresh tmpfs on
-// <rootfs>/tmp; the directory of a unix:// gateway socket bound read-only
-// at /dev/.openshell-gateway. Then pivot_root(".", ".") and a lazy
-// unmount of the old root (no .oldroot directory, so one image directory
-// can serve several sandboxes at once), the image's own system directories
-// read-only as above, chdir /sandbox, OPENSHELL_WORKSPACE_DIR=/sandbox.
-// Missing mount points (sandbox, proc, dev, tmp) are created in the image
-// directory; existing ones must be real directories, not symlinks. The
-// supervisor keeps running from its already-open binary and has read its
-// token file before; the main process and SSH sessions run the image's
-// /bin/sh (/bin/bash when present). Any failed step makes the supervisor
-// exit non-zero with the step and path in supervisor.log, so the sandbox
-// goes to ERROR.
+// Without an image: a tmpfs root holding recursive read-only binds of the
+// host's /bin, /sbin, /lib, /lib32, /lib64, /libx32 and /usr (a symlink
+// such as usrmerge's /bin -> usr/bin is recreated as a symlink) and of
+// /etc, filtered: shadow, gshadow (and their backups), security/opasswd,
+// ssh/ssh_host_*_key, ssl/private and openshell/ are covered by an empty
+// file or directory, and passwd and group are replaced by copies that add
+// a "sandbox" user and group (uid and gid 1000, or the next id the host
+// does not use; an existing sandbox user is kept); /var/tmp -> /tmp; the
+// tmpfs root itself is read-only after the pivot. /opt, /home, /root,
+// /srv, /mnt, /var, /run, /sys and the gateway's state directory are not
+// there at all.
 //
-// What this protects: system directories against writes (accidental or by
-// an unprivileged process), the host's /tmp, the host's process list, and
-// in a rootfs sandbox everything outside the image, the workspace and the
-// gateway socket directory. What it does not: writable host paths outside
-// the list (/root, /home, /var, /srv, /mnt, the gateway state directory
-// other than through the workspace) in host-filesystem sandboxes; the rest
-// of the image directory, which is shared with the host and with other
-// sandboxes using it; /sys and the network, which are the host's. The
-// sandbox's processes run as root of their namespaces with full
-// capabilities there, so one that means to can remount the read-only
-// directories writable again; and where the gateway runs as root (no user
-// namespace) that root is the host's, able to create device nodes and
-// mount host disks. These layers guard against mistakes and unprivileged
-// code, not against a hostile root in the sandbox.
+// With an image ("dir:/path" or "/path"): an overlay whose lower layer is
+// the image (read-only) and whose upper and work directories are
+// <layer>/upper and <layer>/work; where the kernel refuses the overlay, a
+// private copy of the image in <layer>/copy (directories, regular files and
+// symlinks with their modes and owners; device nodes, fifos and sockets are
+// skipped), reused on later starts. Writes stay in the sandbox's layer,
+// which survives stop/start and is removed on delete; the image directory
+// is never written and other sandboxes never see them. After the pivot
+// the image's own system directories are made read-only (every mount under
+// /usr, /bin, /sbin, /lib*, /etc and /opt, repeating its
+// nosuid/nodev/noexec/atime flags, which a user namespace locks).
 //
-// OPENSHELL_SANDBOX_TOKEN, OPENSHELL_SANDBOX_TOKEN_FILE and OPENSHELL_ROOTFS
-// from the spec or template environment are dropped: only the driver sets
-// them, and the token itself never travels in the environment.
+// Both: the workspace bound at /sandbox (the main process, exec and SSH
+// start there; OPENSHELL_WORKSPACE_DIR=/sandbox for them, HOME=/sandbox
+// unless the spec sets it); a fresh proc for the sandbox's pid namespace
+// (a failure is fatal: the host's /proc would lead out of the root); a
+// tmpfs /dev holding bind mounts of the host's null, zero, full, random,
+// urandom and tty, a new devpts instance (ptmx -> pts/ptmx), /dev/shm and
+// the fd symlinks (no block devices); a fresh tmpfs on /tmp. The directory
+// of a unix:// gateway socket is bound read-only at /dev/.openshell-gateway
+// for the pivot, re-opened through that bind and detached again: the
+// supervisor reaches the socket through its fd, the sandbox does not see
+// the directory. Missing mount points (sandbox, proc, dev, tmp) are created
+// in the root (in an image: in its writable layer); existing ones must be
+// real directories, not symlinks. The supervisor keeps running from its
+// already-open binary and has read its token file before; the main process
+// and SSH sessions run the root's /bin/sh (/bin/bash when present). Any
+// failed step makes the supervisor exit non-zero with the step and path in
+// supervisor.log, so the sandbox goes to ERROR.
+//
+// What this protects: the gateway's state directory (TLS and JWT keys,
+// the database, every sandbox's token and workspace), other sandboxes,
+// /root, /home and the host's devices are not in the sandbox's filesystem;
+// system directories and images cannot be written; the host's /tmp and
+// process list are hidden. What it does not: /sys is absent but the
+// network is the host's; the sandbox's processes run as root of their
+// namespaces with full capabilities there unless the supervisor drops them
+// (see internal/supervisor), so one that means to can remount the
+// read-only directories writable again; and where the gateway runs as root
+// (no user namespace) that root is the host's, able to create device nodes
+// and mount host disks. The token file (0600, owned by the gateway's user)
+// is read by the supervisor before the pivot and is not in the sandbox's
+// root; the variable naming it is removed from the environment of sandbox
+// processes.
+//
+// OPENSHELL_SANDBOX_TOKEN, OPENSHELL_SANDBOX_TOKEN_FILE, OPENSHELL_ROOTFS and
+// OPENSHELL_ROOTFS_LAYER from the spec or template environment are dropped:
+// only the driver sets them, and the token itself never travels in the
+// environment.
 //
 // The supervisor exits on SIGTERM; Stop and Delete send SIGTERM to the
 // process group, then SIGKILL after stop_grace_secs or as soon as the

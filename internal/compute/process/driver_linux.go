@@ -114,9 +114,6 @@ func Open(cfg map[string]any, deps compute.FactoryDeps) (*Driver, error) {
 		subs:      map[*subscriber]struct{}{},
 		done:      make(chan struct{}),
 	}
-	if c.stateDir == "/tmp" || strings.HasPrefix(c.stateDir, "/tmp/") {
-		d.logger.Warn("state directory is under /tmp: a supervisor that mounts a private /tmp cannot see its workspace or token file", "state_dir", c.stateDir)
-	}
 	if err := os.MkdirAll(d.sandboxesDir(), 0o700); err != nil {
 		return nil, fmt.Errorf("process driver: state directory: %w", err)
 	}
@@ -131,6 +128,7 @@ func (d *Driver) sandboxesDir() string          { return filepath.Join(d.cfg.sta
 func (d *Driver) dir(id string) string          { return filepath.Join(d.sandboxesDir(), id) }
 func (d *Driver) tokenPath(id string) string    { return filepath.Join(d.dir(id), "token") }
 func (d *Driver) workspaceDir(id string) string { return filepath.Join(d.dir(id), "workspace") }
+func (d *Driver) layerDir(id string) string     { return filepath.Join(d.dir(id), "rootfs-layer") }
 
 // recover loads every state.json and re-attaches to live supervisors.
 func (d *Driver) recover() error {
@@ -537,10 +535,7 @@ const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 func (d *Driver) environ(sb *sandbox, rootfs string) []string {
 	spec := sb.rec.Spec
 	id := sb.rec.ID
-	env := map[string]string{"PATH": defaultPath, "HOME": d.workspaceDir(id)}
-	if rootfs != "" {
-		env["HOME"] = "/sandbox"
-	}
+	env := map[string]string{"PATH": defaultPath, "HOME": "/sandbox"}
 	maps.Copy(env, spec.Template.Environment)
 	maps.Copy(env, spec.Environment)
 	command := spec.Command
@@ -558,7 +553,7 @@ func (d *Driver) environ(sb *sandbox, rootfs string) []string {
 	env["OPENSHELL_INSTANCE_ID"] = sb.rec.InstanceID
 	env["OPENSHELL_SANDBOX_HOSTNAME"] = sb.rec.Name
 	env["OPENSHELL_PRIVATE_TMP"] = "true"
-	for _, k := range []string{"OPENSHELL_SANDBOX_TOKEN", "OPENSHELL_SANDBOX_TOKEN_FILE", "OPENSHELL_ROOTFS"} {
+	for _, k := range []string{"OPENSHELL_SANDBOX_TOKEN", "OPENSHELL_SANDBOX_TOKEN_FILE", "OPENSHELL_ROOTFS", "OPENSHELL_ROOTFS_LAYER"} {
 		delete(env, k) // only the driver sets these
 	}
 	if _, err := os.Stat(d.tokenPath(id)); err == nil {
@@ -566,6 +561,7 @@ func (d *Driver) environ(sb *sandbox, rootfs string) []string {
 	}
 	if rootfs != "" {
 		env["OPENSHELL_ROOTFS"] = rootfs
+		env["OPENSHELL_ROOTFS_LAYER"] = d.layerDir(id)
 	}
 	out := make([]string, 0, len(env))
 	for _, k := range slices.Sorted(maps.Keys(env)) {

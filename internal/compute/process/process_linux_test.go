@@ -328,6 +328,7 @@ func TestSupervisorContract(t *testing.T) {
 		"OPENSHELL_WORKSPACE_DIR":      ws,
 		"OPENSHELL_SANDBOX_HOSTNAME":   "contract",
 		"OPENSHELL_PRIVATE_TMP":        "true",
+		"HOME":                         "/sandbox",
 		"FOO":                          "spec",
 		"BAR":                          "template",
 	}
@@ -339,6 +340,11 @@ func TestSupervisorContract(t *testing.T) {
 	for k, v := range env {
 		if strings.Contains(fmt.Sprint(v), testToken) {
 			t.Errorf("token leaked into environment variable %s", k)
+		}
+	}
+	for _, k := range []string{"OPENSHELL_ROOTFS", "OPENSHELL_ROOTFS_LAYER"} {
+		if v, ok := env[k]; ok {
+			t.Errorf("supervisor env %s = %v without an image, want unset", k, v)
 		}
 	}
 	if r["pid"].(float64) != 1 {
@@ -381,6 +387,35 @@ func TestSupervisorContract(t *testing.T) {
 	}
 	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
 		t.Errorf("supervisor %d still exists after Delete (kill 0 = %v)", pid, err)
+	}
+}
+
+// TestSupervisorContractImage: a dir: image names the sandbox's own
+// writable layer next to its workspace; the spec cannot point it (or the
+// image) elsewhere.
+func TestSupervisorContractImage(t *testing.T) {
+	requireNamespaces(t)
+	state := t.TempDir()
+	d := open(t, state, nil)
+	cleanupSandboxes(t, d)
+	img := t.TempDir()
+	sb := goodSandbox(computetest.NewID(), "contract-image")
+	sb.Spec.Template.Image = "dir:" + img
+	sb.Spec.Environment["OPENSHELL_ROOTFS_LAYER"] = img
+	sb.Spec.Template.Environment["OPENSHELL_ROOTFS"] = "/"
+	if err := d.Create(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	env := readReport(t, d, sb, state)["env"].(map[string]any)
+	want := map[string]string{
+		"OPENSHELL_ROOTFS":       img,
+		"OPENSHELL_ROOTFS_LAYER": filepath.Join(state, "sandboxes", sb.ID, "rootfs-layer"),
+		"HOME":                   "/sandbox",
+	}
+	for k, v := range want {
+		if env[k] != v {
+			t.Errorf("supervisor env %s = %v, want %q", k, env[k], v)
+		}
 	}
 }
 
