@@ -143,8 +143,11 @@ func networkViolations(rules map[string]*sandboxv1.NetworkPolicyRule) []string {
 		if name == "" {
 			name = key
 		}
-		for _, ep := range rule.GetEndpoints() {
+		for i, ep := range rule.GetEndpoints() {
 			v = append(v, endpointViolations(name, ep)...)
+			for _, reason := range l7Problems(ep) {
+				v = append(v, fmt.Sprintf("network policy '%s': endpoint %d has invalid L7 configuration: %s", name, i, reason))
+			}
 		}
 	}
 	return v
