@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -32,6 +33,8 @@ type Store struct {
 	d   Dialect
 	log *slog.Logger
 	now func() time.Time
+
+	unavailable unavailableLog
 }
 
 var _ store.Store = (*Store)(nil)
@@ -100,9 +103,49 @@ func (s *Store) dbErr(op string, err error) error {
 		return err
 	}
 	if s.d.Unavailable(err) {
-		return fmt.Errorf("%s: %s database unavailable: %s: %w", op, s.d.Name(), err.Error(), errdefs.ErrUnavailable)
+		// The driver's text names the user, database and address: it
+		// goes to the log, never to callers.
+		s.unavailable.log(s.log, s.now(), op, s.d.Name(), err)
+		return ErrDatabaseUnavailable
 	}
 	return fmt.Errorf("%s: %w", op, err)
+}
+
+// ErrDatabaseUnavailable is what every call returns while the database
+// cannot be reached: errdefs.ErrUnavailable "database unavailable", with
+// no connection details (they are logged, at most once per
+// unavailableLogEvery).
+var ErrDatabaseUnavailable = errdefs.Unavailable("database unavailable")
+
+// unavailableLogEvery bounds the "database unavailable" log lines during
+// an outage.
+const unavailableLogEvery = 5 * time.Second
+
+// unavailableLog rate-limits the log lines of an outage.
+type unavailableLog struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+func (u *unavailableLog) log(log *slog.Logger, now time.Time, op, db string, err error) {
+	u.mu.Lock()
+	if !u.last.IsZero() && now.Sub(u.last) < unavailableLogEvery {
+		u.suppressed++
+		u.mu.Unlock()
+		return
+	}
+	n := u.suppressed
+	u.last, u.suppressed = now, 0
+	u.mu.Unlock()
+	log.Warn("database unavailable", "database", db, "op", op, "err", err, "suppressed_since_last", n)
+}
+
+// Ping checks that the database answers; errors are classified as for
+// every other call (ErrDatabaseUnavailable while it cannot be reached).
+func (s *Store) Ping(ctx context.Context) error {
+	var one int64
+	return s.dbErr("ping", s.db.QueryRow(ctx, "SELECT 1").Scan(&one))
 }
 
 func labelsJSON(l map[string]string) (string, error) {
