@@ -7,6 +7,7 @@ package logs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 	"time"
@@ -76,16 +77,18 @@ func (s *Service) GetSandboxLogs(ctx context.Context, req *openshellv1.GetSandbo
 	return &openshellv1.GetSandboxLogsResponse{Logs: logs, BufferTotal: total}, nil
 }
 
-// WatchSandbox streams a sandbox's snapshots, logs and platform events.
-// It always starts with the current snapshot; with stop_on_terminal it
-// ends once the sandbox is READY. It ends when the sandbox is deleted.
+// WatchSandbox streams a sandbox's snapshots (follow_status), logs
+// (follow_logs) and platform events (follow_events). Snapshots start with
+// the current one and skip a resource_version already sent; events start
+// with the last event_tail recorded ones (0 = all kept), which include one
+// per phase transition. With stop_on_terminal the stream ends once the
+// sandbox is READY; it always ends when the sandbox is deleted. The caller
+// must be allowed to see the sandbox: its own supervisor, or a user of its
+// workspace (a sandbox in another workspace reads NotFound).
 func (s *Service) WatchSandbox(req *openshellv1.WatchSandboxRequest, stream openshellv1.OpenShell_WatchSandboxServer) error {
 	ctx := stream.Context()
 	if req.GetId() == "" {
 		return errdefs.InvalidArgument("id is required")
-	}
-	if err := authz.EnsureSandboxScope(ctx, req.GetId()); err != nil {
-		return err
 	}
 	// Subscribe before reading the snapshot so nothing falls in between.
 	updates, cancel := s.o.Engine.Subscribe(req.GetId())
@@ -96,25 +99,17 @@ func (s *Service) WatchSandbox(req *openshellv1.WatchSandboxRequest, stream open
 		defer stop()
 		logs = ch
 	}
-	sb, err := s.o.Engine.GetByID(ctx, req.GetId())
+	sb, err := s.o.Authz.SandboxForCaller(ctx, req.GetId())
 	if err != nil {
 		return err
 	}
-	send := func(ev *openshellv1.SandboxStreamEvent) error { return stream.Send(ev) }
-	if err := send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Sandbox{Sandbox: sb}}); err != nil {
+	w := &watch{req: req, stream: stream}
+	if err := w.snapshot(sb); err != nil || w.terminal(sb) {
 		return err
 	}
-	terminal := func(sb *openshellv1.Sandbox) bool {
-		return req.GetStopOnTerminal() && sb.GetStatus().GetPhase() == openshellv1.SandboxPhase_SANDBOX_PHASE_READY
-	}
-	if terminal(sb) {
-		return nil
-	}
 	if req.GetFollowEvents() {
-		for _, ev := range s.o.Engine.EventTail(req.GetId(), int(req.GetEventTail())) {
-			if err := send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Event{Event: ev}}); err != nil {
-				return err
-			}
+		if err := w.replayEvents(s.o.Engine.EventTail(req.GetId(), int(req.GetEventTail()))); err != nil {
+			return err
 		}
 	}
 	filter := logFilter(req.GetLogTailLines(), req.GetLogSinceMs(), req.GetLogSources(), req.GetLogMinLevel())
@@ -124,7 +119,7 @@ func (s *Service) WatchSandbox(req *openshellv1.WatchSandboxRequest, stream open
 		}
 		tail, _ := s.o.Logs.Read(req.GetId(), filter)
 		for _, l := range tail {
-			if err := send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Log{Log: l}}); err != nil {
+			if err := w.send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Log{Log: l}}); err != nil {
 				return err
 			}
 		}
@@ -136,25 +131,12 @@ func (s *Service) WatchSandbox(req *openshellv1.WatchSandboxRequest, stream open
 		case <-s.closing:
 			return errdefs.Unavailable("gateway is shutting down")
 		case u := <-updates:
-			if u.Platform != nil && req.GetFollowEvents() {
-				if err := send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Event{Event: u.Platform}}); err != nil {
-					return err
-				}
-			}
-			if u.Sandbox != nil && (req.GetFollowStatus() || u.Deleted) {
-				if err := send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Sandbox{Sandbox: u.Sandbox}}); err != nil {
-					return err
-				}
-				if terminal(u.Sandbox) {
-					return nil
-				}
-			}
-			if u.Deleted {
-				return nil
+			if done, err := w.update(u); done || err != nil {
+				return err
 			}
 		case l := <-logs:
 			if filter.Match(l) {
-				if err := send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Log{Log: l}}); err != nil {
+				if err := w.send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Log{Log: l}}); err != nil {
 					return err
 				}
 			}
@@ -162,13 +144,82 @@ func (s *Service) WatchSandbox(req *openshellv1.WatchSandboxRequest, stream open
 	}
 }
 
+// watch is the state of one WatchSandbox stream.
+type watch struct {
+	req    *openshellv1.WatchSandboxRequest
+	stream openshellv1.OpenShell_WatchSandboxServer
+	// lastRV is the resource_version of the last snapshot sent (sent
+	// tells whether there was one).
+	lastRV uint64
+	sent   bool
+	// replayed holds the events sent from the tail, which a racing
+	// publication may deliver once more through the subscription.
+	replayed map[*openshellv1.PlatformEvent]bool
+}
+
+func (w *watch) send(ev *openshellv1.SandboxStreamEvent) error { return w.stream.Send(ev) }
+
+func (w *watch) terminal(sb *openshellv1.Sandbox) bool {
+	return w.req.GetStopOnTerminal() && sb.GetStatus().GetPhase() == openshellv1.SandboxPhase_SANDBOX_PHASE_READY
+}
+
+// snapshot sends sb if the watch follows status and sb is not the
+// snapshot sent last.
+func (w *watch) snapshot(sb *openshellv1.Sandbox) error {
+	rv := sb.GetMetadata().GetResourceVersion()
+	if !w.req.GetFollowStatus() || (w.sent && rv == w.lastRV) {
+		return nil
+	}
+	w.sent, w.lastRV = true, rv
+	return w.send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Sandbox{Sandbox: sb}})
+}
+
+func (w *watch) replayEvents(evs []*openshellv1.PlatformEvent) error {
+	w.replayed = make(map[*openshellv1.PlatformEvent]bool, len(evs))
+	for _, ev := range evs {
+		w.replayed[ev] = true
+		if err := w.send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Event{Event: ev}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// update forwards one engine update; done reports the end of the watch.
+func (w *watch) update(u lifecycle.Update) (done bool, err error) {
+	if u.Platform != nil && w.req.GetFollowEvents() && !w.replayed[u.Platform] {
+		if err := w.send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Event{Event: u.Platform}}); err != nil {
+			return true, err
+		}
+	}
+	if u.Sandbox != nil {
+		if err := w.snapshot(u.Sandbox); err != nil {
+			return true, err
+		}
+		if w.terminal(u.Sandbox) {
+			return true, nil
+		}
+	}
+	return u.Deleted, nil
+}
+
 // maxLogLine bounds a single pushed log message.
 const maxLogLine = 16 << 10
 
-// PushSandboxLogs receives log batches from a supervisor.
+// PushSandboxLogs receives log batches from a supervisor for its own
+// sandbox. A sandbox that no longer exists is refused, and the stream ends
+// (NotFound) when its sandbox is deleted, when the caller goes away, or at
+// shutdown.
 func (s *Service) PushSandboxLogs(stream openshellv1.OpenShell_PushSandboxLogsServer) error {
-	id, err := authz.RequireSandboxPrincipal(stream.Context())
+	ctx := stream.Context()
+	id, err := authz.RequireSandboxPrincipal(ctx)
 	if err != nil {
+		return err
+	}
+	// Subscribe before the existence check so a delete in between is seen.
+	updates, cancel := s.o.Engine.Subscribe(id)
+	defer cancel()
+	if err := s.o.Engine.SandboxExists(ctx, id); err != nil {
 		return err
 	}
 	type recv struct {
@@ -181,7 +232,7 @@ func (s *Service) PushSandboxLogs(stream openshellv1.OpenShell_PushSandboxLogsSe
 			req, err := stream.Recv()
 			select {
 			case next <- recv{req, err}:
-			case <-stream.Context().Done():
+			case <-ctx.Done():
 				return
 			}
 			if err != nil {
@@ -192,8 +243,16 @@ func (s *Service) PushSandboxLogs(stream openshellv1.OpenShell_PushSandboxLogsSe
 	for {
 		var r recv
 		select {
+		case <-ctx.Done():
+			return ctx.Err()
 		case <-s.closing:
 			return errdefs.Unavailable("gateway is shutting down")
+		case u := <-updates:
+			if u.Deleted {
+				s.o.Logs.Drop(id) // lines appended while the delete ran
+				return errdefs.NotFound(fmt.Sprintf("sandbox %s was deleted", id))
+			}
+			continue
 		case r = <-next:
 		}
 		if errors.Is(r.err, io.EOF) {
