@@ -473,10 +473,10 @@ func TestMembershipMatrix(t *testing.T) {
 		}
 	}
 
-	// A sandbox principal is scoped by id, not by membership.
+	// A sandbox principal is scoped by id and acts in no workspace.
 	sbCtx := as(t.Context(), &auth.Principal{Kind: auth.KindSandbox, Source: auth.SourceSandboxJWT, SandboxID: sbID})
-	if err := s.Authz.Workspace(sbCtx, "team-a", openshellv1.WorkspaceRole_WORKSPACE_ROLE_ADMIN); err != nil {
-		t.Errorf("authorizeWorkspace(sandbox principal) = %v, want nil", err)
+	if err := s.Authz.Workspace(sbCtx, "team-a", openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER); errdefs.Code(err) != codes.PermissionDenied {
+		t.Errorf("Authz.Workspace(sandbox principal) = %v, want PermissionDenied", err)
 	}
 	if _, err := s.GetSandboxLogs(sbCtx, &openshellv1.GetSandboxLogsRequest{SandboxId: sbID}); err != nil {
 		t.Errorf("GetSandboxLogs(own sandbox) = %v", err)

@@ -116,9 +116,11 @@ func (a *Authorizer) SandboxForCaller(ctx context.Context, id string) (*openshel
 
 // Workspace membership: once the per-RPC rule (role, scope) has passed in
 // the server's authorizer, RPCs that name a workspace also need the caller
-// to belong to it. Bypassed for sandbox principals (scoped by sandbox id
-// elsewhere), the local-dev user, gateways without OIDC (single-user, as
-// upstream: an empty admin role bypasses) and platform admins.
+// to belong to it. Bypassed for the local-dev user, gateways without OIDC
+// (single-user, as upstream: an empty admin role bypasses) and platform
+// admins. Sandbox principals act in no workspace: they reach only their own
+// sandbox (SandboxForCaller), and the server's authorizer already keeps
+// them off user RPCs; the refusal here is the second line.
 
 // roleName is the wire name of a workspace role in error texts.
 func roleName(r openshellv1.WorkspaceRole) string {
@@ -133,7 +135,7 @@ func (a *Authorizer) membershipBypassed(p *auth.Principal) bool {
 	if !a.o.OIDC || a.o.AdminRole == "" {
 		return true
 	}
-	if p.IsSandbox() || p.Source == auth.SourceLocalDev {
+	if p.Source == auth.SourceLocalDev {
 		return true
 	}
 	return slices.Contains(p.Roles, a.o.AdminRole)
@@ -173,10 +175,13 @@ func (a *Authorizer) Workspace(ctx context.Context, workspace string, need opens
 		}
 		return errdefs.Unauthenticated("missing authorization header")
 	}
+	denied := errdefs.PermissionDenied(fmt.Sprintf("workspace '%s' requires role '%s'", ws, roleName(need)))
+	if p.IsSandbox() {
+		return denied
+	}
 	if a.membershipBypassed(p) {
 		return nil
 	}
-	denied := errdefs.PermissionDenied(fmt.Sprintf("workspace '%s' requires role '%s'", ws, roleName(need)))
 	if p.Subject == "" {
 		return denied
 	}
@@ -202,9 +207,17 @@ func (a *Authorizer) Sandbox(ctx context.Context, workspace, name string, need o
 	return err
 }
 
-// SandboxRecord checks a sandbox already loaded by id; refusal reads
-// NotFound like a missing sandbox.
+// SandboxRecord checks a sandbox already loaded by id: a sandbox
+// principal may see only itself (ErrCrossSandbox), a user needs
+// membership of its workspace; that refusal reads NotFound like a missing
+// sandbox.
 func (a *Authorizer) SandboxRecord(ctx context.Context, sb *openshellv1.Sandbox) error {
+	if p, ok := auth.FromContext(ctx); ok && p.IsSandbox() {
+		if p.SandboxID != sb.GetMetadata().GetId() {
+			return ErrCrossSandbox
+		}
+		return nil
+	}
 	err := a.Workspace(ctx, sb.GetMetadata().GetWorkspace(), openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER)
 	if errors.Is(err, errdefs.ErrPermissionDenied) {
 		return errdefs.NotFound("sandbox not found")
