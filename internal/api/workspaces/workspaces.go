@@ -203,9 +203,12 @@ func (s *Service) eachObject(ctx context.Context, objType string, opts store.Lis
 }
 
 // DeleteWorkspace deletes an empty workspace and its members (platform
-// admins). The workspace is marked TERMINATING first, so CreateSandbox
-// refuses it while the sandboxes are counted; a workspace that still has
-// sandboxes goes back to ACTIVE and the call fails.
+// admins). The workspace is marked TERMINATING first, so CreateSandbox and
+// AddWorkspaceMember refuse it while the sandboxes are counted and the
+// members removed. Every delete is conditional on the version read: a
+// member or the workspace changed meanwhile fails the call with Aborted.
+// A workspace that still has sandboxes, or whose deletion failed, goes
+// back to its previous phase.
 func (s *Service) DeleteWorkspace(ctx context.Context, req *openshellv1.DeleteWorkspaceRequest) (*openshellv1.DeleteWorkspaceResponse, error) {
 	if err := s.o.Authz.RequirePlatformAdmin(ctx); err != nil {
 		return nil, err
@@ -222,42 +225,66 @@ func (s *Service) DeleteWorkspace(ctx context.Context, req *openshellv1.DeleteWo
 		return nil, err
 	}
 	prev := w.GetStatus().GetPhase()
-	if _, _, err := s.setWorkspacePhase(ctx, name, w.GetMetadata().GetResourceVersion(), authz.WorkspaceTerminating); err != nil {
+	_, wr, err := s.setWorkspacePhase(ctx, name, w.GetMetadata().GetResourceVersion(), authz.WorkspaceTerminating)
+	if err != nil {
 		return nil, err
 	}
-	n, err := s.countSandboxes(ctx, name)
-	if err == nil && n > 0 {
-		err = errdefs.FailedPrecondition(fmt.Sprintf("workspace %q still has %d sandbox(es); delete them first", name, n))
-	}
+	members, err := s.deleteTerminating(ctx, name, wr.ResourceVersion)
 	if err != nil {
-		if _, _, rerr := s.setWorkspacePhase(ctx, name, 0, prev); rerr != nil && !errors.Is(rerr, errdefs.ErrNotFound) {
+		if _, _, rerr := s.setWorkspacePhase(ctx, name, wr.ResourceVersion, prev); rerr != nil && !errors.Is(rerr, errdefs.ErrNotFound) {
 			s.log.WarnContext(ctx, "restore workspace phase", "workspace", name, "err", rerr)
 		}
 		return nil, err
 	}
-	var memberIDs []string
+	s.log.InfoContext(ctx, "workspace deleted", "workspace", name, "members", members)
+	return &openshellv1.DeleteWorkspaceResponse{Deleted: true}, nil
+}
+
+// deleteTerminating deletes workspace name, marked TERMINATING at version
+// rv, once it holds no sandboxes: its members, its backend scope, then the
+// workspace itself, each delete conditional on the version read. It
+// returns how many members it removed.
+func (s *Service) deleteTerminating(ctx context.Context, name string, rv uint64) (int, error) {
+	n, err := s.countSandboxes(ctx, name)
+	if err != nil {
+		return 0, err
+	}
+	if n > 0 {
+		return 0, errdefs.FailedPrecondition(fmt.Sprintf("workspace %q still has %d sandbox(es); delete them first", name, n))
+	}
+	type member struct {
+		id string
+		rv uint64
+	}
+	var members []member
 	if err := s.eachObject(ctx, store.TypeWorkspaceMember, store.ListOptions{Workspace: name}, func(o store.Object) error {
-		memberIDs = append(memberIDs, o.ID)
+		members = append(members, member{o.ID, o.ResourceVersion})
 		return nil
 	}); err != nil {
-		return nil, err
+		return 0, err
 	}
-	for _, id := range memberIDs {
-		if _, err := s.o.Store.Delete(ctx, store.TypeWorkspaceMember, id); err != nil {
-			return nil, err
+	for _, m := range members {
+		err := s.o.Store.DeleteIf(ctx, store.TypeWorkspaceMember, m.id, m.rv)
+		switch {
+		case errors.Is(err, errdefs.ErrNotFound): // removed meanwhile
+		case errors.Is(err, errdefs.ErrConflict):
+			return 0, fmt.Errorf("workspace %q: a member changed while the workspace was being deleted: %w", name, err)
+		case err != nil:
+			return 0, err
 		}
 	}
 	if s.o.Engine != nil {
 		if err := s.o.Engine.DeleteWorkspace(ctx, name); err != nil {
-			return nil, err
+			return 0, err
 		}
 	}
-	deleted, err := s.o.Store.Delete(ctx, store.TypeWorkspace, authz.WorkspaceID(name))
-	if err != nil {
-		return nil, err
+	if err := s.o.Store.DeleteIf(ctx, store.TypeWorkspace, authz.WorkspaceID(name), rv); err != nil {
+		if errors.Is(err, errdefs.ErrConflict) {
+			return 0, fmt.Errorf("workspace %q changed while it was being deleted: %w", name, err)
+		}
+		return 0, err
 	}
-	s.log.InfoContext(ctx, "workspace deleted", "workspace", name, "members", len(memberIDs))
-	return &openshellv1.DeleteWorkspaceResponse{Deleted: deleted}, nil
+	return len(members), nil
 }
 
 // setWorkspacePhase writes the phase of workspace name (CAS on expectedRV;
@@ -283,7 +310,8 @@ func (s *Service) countSandboxes(ctx context.Context, ws string) (int, error) {
 }
 
 // AddWorkspaceMember adds subject to a workspace, or changes the role of
-// an existing member (workspace admins and platform admins).
+// an existing member (workspace admins and platform admins). A workspace
+// being deleted is refused (FailedPrecondition).
 func (s *Service) AddWorkspaceMember(ctx context.Context, req *openshellv1.AddWorkspaceMemberRequest) (*openshellv1.AddWorkspaceMemberResponse, error) {
 	ws, subject, role := req.GetWorkspace(), req.GetPrincipalSubject(), req.GetRole()
 	if err := validateMemberRequest(ws, subject); err != nil {
@@ -295,14 +323,20 @@ func (s *Service) AddWorkspaceMember(ctx context.Context, req *openshellv1.AddWo
 	if err := s.o.Authz.Workspace(ctx, ws, openshellv1.WorkspaceRole_WORKSPACE_ROLE_ADMIN); err != nil {
 		return nil, err
 	}
-	if _, err := s.o.Authz.LoadWorkspace(ctx, ws); err != nil {
+	if err := s.workspaceActive(ctx, ws); err != nil {
 		return nil, err
 	}
 	// Upsert: update an existing membership, else create one; a racing
 	// create turns into an update on the second attempt.
 	for attempt := 0; ; attempt++ {
-		m, err := s.upsertMember(ctx, ws, subject, role)
+		m, created, err := s.upsertMember(ctx, ws, subject, role)
 		if err == nil {
+			if created {
+				err = s.keepMember(ctx, ws, m)
+			}
+			if err != nil {
+				return nil, err
+			}
 			return &openshellv1.AddWorkspaceMemberResponse{Member: m}, nil
 		}
 		if attempt > 0 || !errors.Is(err, errdefs.ErrAlreadyExists) && !errors.Is(err, errdefs.ErrConflict) && !errors.Is(err, errdefs.ErrNotFound) {
@@ -311,32 +345,62 @@ func (s *Service) AddWorkspaceMember(ctx context.Context, req *openshellv1.AddWo
 	}
 }
 
-func (s *Service) upsertMember(ctx context.Context, ws, subject string, role openshellv1.WorkspaceRole) (*openshellv1.WorkspaceMember, error) {
+// workspaceActive reads workspace ws and refuses one being deleted.
+func (s *Service) workspaceActive(ctx context.Context, ws string) error {
+	w, err := s.o.Authz.LoadWorkspace(ctx, ws)
+	if err != nil {
+		return err
+	}
+	if w.GetStatus().GetPhase() == authz.WorkspaceTerminating {
+		return errdefs.FailedPrecondition(fmt.Sprintf("workspace %q is being deleted", ws))
+	}
+	return nil
+}
+
+// keepMember checks, after member m was created, that its workspace is
+// still there and not being deleted. A DeleteWorkspace that listed the
+// members just before m was written would leave m behind; either it sees
+// m, or this check sees the deletion and removes m again.
+func (s *Service) keepMember(ctx context.Context, ws string, m *openshellv1.WorkspaceMember) error {
+	err := s.workspaceActive(ctx, ws)
+	if err == nil {
+		return nil
+	}
+	derr := s.o.Store.DeleteIf(ctx, store.TypeWorkspaceMember, m.GetMetadata().GetId(), m.GetMetadata().GetResourceVersion())
+	if derr != nil && !errors.Is(derr, errdefs.ErrNotFound) {
+		s.log.WarnContext(ctx, "remove member added to a workspace being deleted", "workspace", ws, "subject", m.GetPrincipalSubject(), "err", derr)
+	}
+	return err
+}
+
+// upsertMember sets the role of subject in ws; created reports a new
+// membership.
+func (s *Service) upsertMember(ctx context.Context, ws, subject string, role openshellv1.WorkspaceRole) (m *openshellv1.WorkspaceMember, created bool, err error) {
 	cur, err := s.o.Authz.Member(ctx, ws, subject)
 	switch {
 	case err == nil:
 		if cur.GetRole() == role {
-			return cur, nil
+			return cur, false, nil
 		}
 		m, _, err := store.UpdateCASAs(ctx, s.o.Store, store.TypeWorkspaceMember, cur.GetMetadata().GetId(), cur.GetMetadata().GetResourceVersion(), newMember, func(m *openshellv1.WorkspaceMember) error {
 			m.Role = role
 			return nil
 		})
-		return m, err
+		return m, false, err
 	case !errors.Is(err, errdefs.ErrNotFound):
-		return nil, err
+		return nil, false, err
 	}
-	m := &openshellv1.WorkspaceMember{
+	m = &openshellv1.WorkspaceMember{
 		Metadata:         &datamodelv1.ObjectMeta{Name: subject, Workspace: ws},
 		PrincipalSubject: subject,
 		Role:             role,
 	}
 	res, err := s.o.Store.Create(ctx, store.TypeWorkspaceMember, m)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	m.Metadata.ResourceVersion, m.Metadata.CreatedAtMs = res.ResourceVersion, res.CreatedAtMs
-	return m, nil
+	return m, true, nil
 }
 
 func validateMemberRequest(ws, subject string) error {
@@ -353,7 +417,8 @@ func validateMemberRequest(ws, subject string) error {
 }
 
 // RemoveWorkspaceMember removes subject from a workspace (workspace admins
-// and platform admins). Removing a non-member reports removed=false.
+// and platform admins). Removing a non-member reports removed=false; a
+// membership changed concurrently is Aborted.
 func (s *Service) RemoveWorkspaceMember(ctx context.Context, req *openshellv1.RemoveWorkspaceMemberRequest) (*openshellv1.RemoveWorkspaceMemberResponse, error) {
 	ws, subject := req.GetWorkspace(), req.GetPrincipalSubject()
 	if err := validateMemberRequest(ws, subject); err != nil {
@@ -372,11 +437,16 @@ func (s *Service) RemoveWorkspaceMember(ctx context.Context, req *openshellv1.Re
 	if err != nil {
 		return nil, err
 	}
-	removed, err := s.o.Store.Delete(ctx, store.TypeWorkspaceMember, m.GetMetadata().GetId())
-	if err != nil {
+	// Conditional on the membership read: a role changed meanwhile is
+	// Aborted rather than silently removed.
+	err = s.o.Store.DeleteIf(ctx, store.TypeWorkspaceMember, m.GetMetadata().GetId(), m.GetMetadata().GetResourceVersion())
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		return &openshellv1.RemoveWorkspaceMemberResponse{Removed: false}, nil
+	case err != nil:
 		return nil, err
 	}
-	return &openshellv1.RemoveWorkspaceMemberResponse{Removed: removed}, nil
+	return &openshellv1.RemoveWorkspaceMemberResponse{Removed: true}, nil
 }
 
 // ListWorkspaceMembers lists the members of a workspace in the order they
