@@ -32,7 +32,8 @@ resumed).
 
 Breaking change for the workload: the agent container's original entrypoint
 (command and args) no longer runs as PID 1; it runs under the OpenShell
-supervisor, which enforces the sandbox's policy.
+supervisor, which reports for each policy version whether it enforces all of
+it (LOADED) or not (FAILED, with the reason).
 
 The agent container is --container, else the only container, else the one
 named "agent". --reenrich re-applies the current enrichment to a sandbox this
