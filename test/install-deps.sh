@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suites need when they are missing:
-# protoc (regenerate-and-diff), PostgreSQL (store and gateway suites),
+# protoc and its well-known types (regenerate-and-diff), PostgreSQL (store and gateway suites),
 # OpenSSH client (CLI ssh-config test), busybox-static (rootfs sandboxes).
 # Needs root and apt-get; otherwise it says what to install and returns 1.
 set -euo pipefail
 pkgs=()
 command -v protoc >/dev/null 2>&1 || pkgs+=(protobuf-compiler)
+# protoc's well-known types (google/protobuf/*.proto) are only a recommendation of
+# protobuf-compiler, which --no-install-recommends skips.
+[ -f /usr/include/google/protobuf/descriptor.proto ] || pkgs+=(libprotobuf-dev)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || pkgs+=(postgresql)
 command -v ssh >/dev/null 2>&1 || pkgs+=(openssh-client)
 command -v python3 >/dev/null 2>&1 || pkgs+=(python3)
