@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/policy"
 )
@@ -135,7 +136,7 @@ func validateTemplate(t *openshellv1.SandboxTemplate) error {
 			return invalid("%s exceeds maximum length (%d > %d)", f.field, len(f.value), MaxTemplateStringLen)
 		}
 	}
-	if sa := t.GetServiceAccountName(); sa != "" && !isDNS1123Subdomain(strings.TrimSpace(sa)) {
+	if sa := t.GetServiceAccountName(); sa != "" && !compute.ValidServiceAccountName(strings.TrimSpace(sa)) {
 		return invalid("template.service_account_name must be a valid Kubernetes ServiceAccount name (DNS-1123 subdomain, at most 253 characters)")
 	}
 	for _, m := range []struct {

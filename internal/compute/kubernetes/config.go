@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/version"
 )
@@ -226,7 +227,7 @@ func (c *Config) validate() error {
 	if errs := validation.IsDNS1123Label(c.SandboxNamespace); len(errs) > 0 {
 		return bad("sandbox_namespace", c.SandboxNamespace, errs)
 	}
-	if errs := validation.IsDNS1123Subdomain(c.ServiceAccountName); len(errs) > 0 {
+	if !compute.ValidServiceAccountName(c.ServiceAccountName) {
 		return invalid("service_account_name '%s' is not a valid Kubernetes ServiceAccount name", c.ServiceAccountName)
 	}
 	if err := CheckServiceAccountNames("additional_bootstrap_service_account_names", c.AdditionalBootstrapServiceAccountNames); err != nil {

@@ -188,3 +188,23 @@ func TestNamespaceFor(t *testing.T) {
 		})
 	}
 }
+
+// TestLongServiceAccountNames checks names Kubernetes accepts but a
+// 63-character-per-label rule would refuse are accepted in the
+// configuration and selectable by a sandbox.
+func TestLongServiceAccountNames(t *testing.T) {
+	label100 := strings.Repeat("a", 100)
+	max := strings.Repeat("a", 126) + "." + strings.Repeat("b", 126)
+	d := offlineDriver(t, map[string]any{"service_account_name": label100, "selectable_service_account_names": []any{max}})
+	for _, sa := range []string{"", max} {
+		sb := compute.Sandbox{ID: "11111111-2222-4333-8444-555555555555", Name: "sb", Spec: compute.Spec{Template: compute.Template{ServiceAccountName: sa}}}
+		p, err := d.plan(sb)
+		want := sa
+		if sa == "" {
+			want = label100
+		}
+		if err != nil || p.opts.ServiceAccountName != want {
+			t.Errorf("plan(service_account_name %d chars) = %d chars, %v, want %d chars", len(sa), len(p.opts.ServiceAccountName), err, len(want))
+		}
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/openshell-go/openshell/internal/compute"
 )
 
 // NamespaceValidator decides which namespaces may hold this gateway's
@@ -117,7 +119,8 @@ func (v ServiceAccountValidator) Names() []string { return slices.Clone(v.entrie
 
 // CheckServiceAccountNames validates the entries of config key: each, once
 // trimmed, must be a ServiceAccount name (DNS-1123 subdomain) or
-// "namespace:name" with a DNS-1123 label namespace. Blank entries are
+// "namespace:name" with a DNS-1123 label namespace
+// ([compute.ValidServiceAccountName], as for requests). Blank entries are
 // allowed (they are dropped).
 func CheckServiceAccountNames(key string, entries []string) error {
 	for _, e := range entries {
@@ -129,7 +132,7 @@ func CheckServiceAccountNames(key string, entries []string) error {
 		if !qualified {
 			ns, name = "", t
 		}
-		if len(validation.IsDNS1123Subdomain(name)) > 0 || (qualified && len(validation.IsDNS1123Label(ns)) > 0) {
+		if !compute.ValidServiceAccountName(name) || (qualified && len(validation.IsDNS1123Label(ns)) > 0) {
 			return invalid("%s entry '%s' is not a valid Kubernetes ServiceAccount name", key, e)
 		}
 	}
