@@ -234,6 +234,7 @@ func TestDefaultRender(t *testing.T) {
 		`gateway_endpoint = "https://openshell.openshell.svc:17670"`,
 		`client_tls_secret_name = "openshell-client-tls"`,
 		`sa_token_ttl_secs = 3600`,
+		`allow_adoption = false`,
 	}, section(t, lines, "openshell.drivers.kubernetes")); diff != "" {
 		t.Errorf("[openshell.drivers.kubernetes] (-want +got):\n%s", diff)
 	}
@@ -643,6 +644,37 @@ func TestModesAndDatabase(t *testing.T) {
 			t.Errorf("[openshell.gateway.oidc] (-want +got):\n%s", diff)
 		}
 	})
+}
+
+// TestAllowAdoption checks server.drivers.kubernetes.allowAdoption reaches
+// the driver's allow_adoption switch, and that a value other than a
+// boolean fails the render instead of being read as off.
+func TestAllowAdoption(t *testing.T) {
+	for _, tt := range []struct{ values, want string }{
+		{"", "allow_adoption = false"},
+		{"server: {drivers: {kubernetes: {allowAdoption: false}}}", "allow_adoption = false"},
+		{"server: {drivers: {kubernetes: {allowAdoption: true}}}", "allow_adoption = true"},
+	} {
+		lines := section(t, gatewayTOML(t, mustRender(t, tt.values)), "openshell.drivers.kubernetes")
+		n := 0
+		for _, l := range lines {
+			if strings.HasPrefix(l, "allow_adoption ") {
+				n++
+				if l != tt.want {
+					t.Errorf("values %q: rendered %q, want %q", tt.values, l, tt.want)
+				}
+			}
+		}
+		if n != 1 {
+			t.Errorf("values %q: allow_adoption rendered %d times, want once", tt.values, n)
+		}
+	}
+	for _, v := range []string{`"true"`, "yes-please", "1"} {
+		_, err := render(t, "server: {drivers: {kubernetes: {allowAdoption: "+v+"}}}")
+		if err == nil || !strings.Contains(err.Error(), "server.drivers.kubernetes.allowAdoption must be true or false") {
+			t.Errorf("render(allowAdoption: %s) = %v, want the boolean error", v, err)
+		}
+	}
 }
 
 func TestInvalidValues(t *testing.T) {

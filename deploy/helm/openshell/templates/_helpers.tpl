@@ -131,6 +131,9 @@ Usage: include "openshell.tomlNameList" (list "selectableServiceAccountNames" .V
 {{- if and (eq $k.workspaceMode "operator") (empty $k.allowedNamespaces) -}}
 {{- fail "server.drivers.kubernetes.allowedNamespaces must list at least one namespace in operator workspace mode" -}}
 {{- end -}}
+{{- if not (kindIs "bool" $k.allowAdoption) -}}
+{{- fail (printf "server.drivers.kubernetes.allowAdoption must be true or false, not %q" (toString $k.allowAdoption)) -}}
+{{- end -}}
 {{- if and (gt (int .Values.replicaCount) 1) (not (include "openshell.externalDB" .)) -}}
 {{- fail "replicaCount > 1 needs an external database (server.database.url or server.database.existingSecret); SQLite serves one replica" -}}
 {{- end -}}
