@@ -6,9 +6,15 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strconv"
 
 	"github.com/openshell-go/openshell/internal/compute"
 )
+
+// ResourceGPU is the extended resource a sandbox's GPUs are requested as
+// (a limit on the agent container, as OpenShell does): the NVIDIA device
+// plugin's.
+const ResourceGPU = "nvidia.com/gpu"
 
 // Names and paths the enrichment owns. A podTemplate that already uses one
 // of them conflicts (see enrich).
@@ -295,6 +301,10 @@ func enrich(podTemplate map[string]any, o enrichOptions) (map[string]any, []stri
 		set("limits", "cpu", r.CPULimit)
 		set("requests", "memory", r.MemoryRequest)
 		set("limits", "memory", r.MemoryLimit)
+		if r.GPUs > 0 {
+			// An extended resource: the request defaults to the limit.
+			set("limits", ResourceGPU, strconv.FormatUint(uint64(r.GPUs), 10))
+		}
 	}
 	spec["containers"] = containers
 

@@ -187,6 +187,31 @@ func waitEvent(t *testing.T, ch <-chan compute.Event, what string, pred func(com
 	}
 }
 
+// TestGPULimit checks a sandbox asking for GPUs gets them as an
+// nvidia.com/gpu limit on its agent container (the pod the real controller
+// creates), and that a sandbox asking for none gets no GPU resource.
+func TestGPULimit(t *testing.T) {
+	e := newEnv(t)
+	d := e.driver(t, nil)
+	for _, gpus := range []uint32{2, 0} {
+		sb := goodSandbox(computetest.NewID(), computetest.NewName())
+		sb.Spec.Template.Resources.GPUs = gpus
+		if err := d.Create(t.Context(), sb); err != nil {
+			t.Fatalf("Create(gpus %d) error = %v", gpus, err)
+		}
+		pod := e.c.WaitForPod(t, e.ns, sb.Name)
+		agent := pod.Spec.Containers[0]
+		lim, hasLim := agent.Resources.Limits[kubernetes.ResourceGPU]
+		req, hasReq := agent.Resources.Requests[kubernetes.ResourceGPU]
+		switch {
+		case gpus == 0 && (hasLim || hasReq):
+			t.Errorf("gpus 0: agent resources = %+v, want no %s", agent.Resources, kubernetes.ResourceGPU)
+		case gpus > 0 && (lim.Value() != int64(gpus) || req.Value() != int64(gpus)):
+			t.Errorf("gpus %d: agent %s limit %s request %s, want %d each", gpus, kubernetes.ResourceGPU, lim.String(), req.String(), gpus)
+		}
+	}
+}
+
 // TestCreateEnrichedPod follows one sandbox through the real controller:
 // the CR carries the enriched podTemplate, the controller creates the pod
 // from it, marking the pod Ready yields a backend Ready event with
