@@ -2,6 +2,10 @@
 // configuration, opens the store, selects the compute driver, wires the
 // lifecycle engine, relays and API services into the server, and owns the
 // process lifecycle (signals, drain, shutdown in reverse start order).
+//
+// A gateway holds an exclusive lock on its state directory while it runs
+// (see lockStateDir), and a start-up that fails removes what it created
+// (see startupRecord).
 package gateway
 
 import (
@@ -89,6 +93,10 @@ func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 
 // Serve runs the gateway for cfg until ctx ends. It is what Run calls after
 // parsing; tests call it with a config built in code.
+//
+// Only one gateway runs on a state directory: a second one fails with a
+// message naming the first one's pid. A start-up that fails removes what
+// it created (see startupRecord) and nothing else.
 func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err error) {
 	var cleanups []func()
 	defer func() {
@@ -96,9 +104,25 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 			cleanups[i]()
 		}
 	}()
+	created := recordStartup(cfg.StateDir, cfg.DatabaseURL)
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		created.undo(logger)
 		return fmt.Errorf("state dir %s: %w", cfg.StateDir, err)
 	}
+	lock, err := lockStateDir(cfg.StateDir)
+	if err != nil {
+		if !errors.Is(err, errdefs.ErrFailedPrecondition) { // not another gateway's directory
+			created.undo(logger)
+		}
+		return err
+	}
+	serving := false
+	cleanups = append(cleanups, func() { _ = lock.Close() }) // releases the lock, last
+	cleanups = append(cleanups, func() {                     // runs after everything else closed
+		if err != nil && !serving {
+			created.undo(logger)
+		}
+	})
 
 	// Listener first: a taken port fails fast, before anything is touched.
 	ln, err := net.Listen("tcp", cfg.Addr())
@@ -285,6 +309,7 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 		sandboxes.Close()
 		relays.Close()
 	}()
+	serving = true
 	serveErr := srv.Serve(ctx, ln)
 	<-sessionsClosed
 
