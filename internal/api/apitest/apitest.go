@@ -217,3 +217,35 @@ func WantErr(t testing.TB, what string, err error, code codes.Code, msg string) 
 		t.Fatalf("%s: error = %v (%v), want %v containing %q", what, err, got, code, msg)
 	}
 }
+
+// Call is one RPC of an authorization matrix.
+type Call struct {
+	Name string
+	Do   func(ctx context.Context) error
+}
+
+// Case is one principal of an authorization matrix and the codes it gets,
+// in the order of the calls.
+type Case struct {
+	Name string
+	P    *auth.Principal
+	Want []codes.Code
+}
+
+// Matrix runs every call as every principal and checks the codes.
+func Matrix(t *testing.T, calls []Call, cases []Case) {
+	t.Helper()
+	for _, tc := range cases {
+		if len(tc.Want) != len(calls) {
+			t.Fatalf("case %s has %d codes for %d calls", tc.Name, len(tc.Want), len(calls))
+		}
+		t.Run(tc.Name, func(t *testing.T) {
+			for i, c := range calls {
+				err := c.Do(As(t.Context(), tc.P))
+				if got := errdefs.Code(err); got != tc.Want[i] {
+					t.Errorf("%s as %s = %v (%v), want %v", c.Name, tc.Name, got, err, tc.Want[i])
+				}
+			}
+		})
+	}
+}

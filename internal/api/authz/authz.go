@@ -94,6 +94,23 @@ func RequireSandboxPrincipal(ctx context.Context) (string, error) {
 	return p.SandboxID, nil
 }
 
+// RequireOwnSandbox is the check of sandbox-only RPCs naming a sandbox:
+// the caller must be a sandbox principal (PermissionDenied otherwise) and
+// the id its own (ErrCrossSandbox).
+func RequireOwnSandbox(ctx context.Context, sandboxID string) error {
+	id, err := RequireSandboxPrincipal(ctx)
+	if err != nil {
+		return err
+	}
+	if sandboxID == "" {
+		return errdefs.InvalidArgument("sandbox_id is required")
+	}
+	if id != sandboxID {
+		return ErrCrossSandbox
+	}
+	return nil
+}
+
 // SandboxForCaller loads a sandbox by id for a user who may see it or for
 // its own supervisor; "missing" and "not yours" both read NotFound, a
 // sandbox principal naming another sandbox is ErrCrossSandbox.

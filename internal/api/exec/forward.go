@@ -14,6 +14,7 @@ import (
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/api/authz"
+	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/relay"
 	"github.com/openshell-go/openshell/internal/store"
@@ -43,7 +44,8 @@ func (s *Service) CreateSshSession(ctx context.Context, req *openshellv1.CreateS
 	}, nil
 }
 
-// RevokeSshSession revokes a session token.
+// RevokeSshSession revokes a session token of a sandbox the caller may
+// see; any other token reads as unknown (revoked=false).
 func (s *Service) RevokeSshSession(ctx context.Context, req *openshellv1.RevokeSshSessionRequest) (*openshellv1.RevokeSshSessionResponse, error) {
 	if req.GetToken() == "" {
 		return nil, errdefs.InvalidArgument("token is required")
@@ -57,6 +59,15 @@ func (s *Service) RevokeSshSession(ctx context.Context, req *openshellv1.RevokeS
 	}
 	if err := authz.EnsureSandboxScope(ctx, sess.GetSandboxId()); err != nil {
 		return nil, err
+	}
+	// A user outside the session's workspace is answered as if the
+	// token did not exist.
+	if p, ok := auth.FromContext(ctx); ok && !p.IsSandbox() {
+		if err := s.o.Authz.Workspace(ctx, sess.GetMetadata().GetWorkspace(), openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER); errors.Is(err, errdefs.ErrPermissionDenied) {
+			return &openshellv1.RevokeSshSessionResponse{Revoked: false}, nil
+		} else if err != nil {
+			return nil, err
+		}
 	}
 	if sess.GetRevoked() {
 		return &openshellv1.RevokeSshSessionResponse{Revoked: false}, nil

@@ -102,14 +102,11 @@ func (s *Service) UpdateConfig(ctx context.Context, req *openshellv1.UpdateConfi
 	return &openshellv1.UpdateConfigResponse{Version: rev.GetVersion(), PolicyHash: rev.GetPolicyHash()}, nil
 }
 
-// ReportPolicyStatus records whether the supervisor enforces a policy
-// revision: LOADED (the sandbox's current_policy_version becomes that
+// ReportPolicyStatus records whether the supervisor (of its own sandbox
+// only) enforces a policy revision: LOADED (the sandbox's current_policy_version becomes that
 // version) or FAILED with the reason.
 func (s *Service) ReportPolicyStatus(ctx context.Context, req *openshellv1.ReportPolicyStatusRequest) (*openshellv1.ReportPolicyStatusResponse, error) {
-	if req.GetSandboxId() == "" {
-		return nil, errdefs.InvalidArgument("sandbox_id is required")
-	}
-	if err := authz.EnsureSandboxScope(ctx, req.GetSandboxId()); err != nil {
+	if err := authz.RequireOwnSandbox(ctx, req.GetSandboxId()); err != nil {
 		return nil, err
 	}
 	if err := s.history.Report(ctx, req.GetSandboxId(), req.GetVersion(), req.GetStatus(), req.GetLoadError()); err != nil {

@@ -1,7 +1,7 @@
 // Package providers implements the provider RPCs of openshell.v1.OpenShell
-// that exist so far: ListSandboxProviders (users) and
-// GetSandboxProviderEnvironment (a sandbox's supervisor, or a user who may
-// see the sandbox). Providers themselves are not implemented yet: both
+// that exist so far: ListSandboxProviders (users of the sandbox's
+// workspace) and GetSandboxProviderEnvironment (the sandbox's own
+// supervisor). Providers themselves are not implemented yet: both
 // answer empty for an existing sandbox.
 package providers
 
@@ -38,8 +38,12 @@ func (s *Service) ListSandboxProviders(ctx context.Context, req *openshellv1.Lis
 }
 
 // GetSandboxProviderEnvironment returns provider credentials for the
-// sandbox. Providers are not implemented yet: the environment is empty.
+// sandbox, to its own supervisor only. Providers are not implemented yet:
+// the environment is empty.
 func (s *Service) GetSandboxProviderEnvironment(ctx context.Context, req *openshellv1.GetSandboxProviderEnvironmentRequest) (*openshellv1.GetSandboxProviderEnvironmentResponse, error) {
+	if err := authz.RequireOwnSandbox(ctx, req.GetSandboxId()); err != nil {
+		return nil, err
+	}
 	if _, err := s.o.Authz.SandboxForCaller(ctx, req.GetSandboxId()); err != nil {
 		return nil, err
 	}

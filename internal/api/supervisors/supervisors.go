@@ -11,7 +11,6 @@ import (
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/api/authz"
-	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/lifecycle"
 	"github.com/openshell-go/openshell/internal/relay"
 )
@@ -55,12 +54,10 @@ func (s *Service) RelayStream(stream openshellv1.OpenShell_RelayStreamServer) er
 	return s.o.Relay.HandleRelayStream(stream, id)
 }
 
-// ReportMainProcessExit records the exit of the sandbox's main process.
+// ReportMainProcessExit records the exit of the sandbox's main process
+// (its own supervisor only).
 func (s *Service) ReportMainProcessExit(ctx context.Context, req *openshellv1.ReportMainProcessExitRequest) (*openshellv1.ReportMainProcessExitResponse, error) {
-	if req.GetSandboxId() == "" {
-		return nil, errdefs.InvalidArgument("sandbox_id is required")
-	}
-	if err := authz.EnsureSandboxScope(ctx, req.GetSandboxId()); err != nil {
+	if err := authz.RequireOwnSandbox(ctx, req.GetSandboxId()); err != nil {
 		return nil, err
 	}
 	if err := s.o.Engine.ReportMainProcessExit(ctx, req.GetSandboxId(), req.GetInstanceId(), req.GetExitCode()); err != nil {
