@@ -1,0 +1,141 @@
+package isolation
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
+	"golang.org/x/sys/unix"
+)
+
+// TrampolineArg0 is argv[0] of the supervisor binary re-executed as the
+// agent trampoline.
+const TrampolineArg0 = "openshell-sandbox-agent-exec"
+
+// File descriptors of the trampoline: the spec to read, and the status
+// pipe that carries an error, or closes empty on a successful execve.
+const (
+	specFD   = 3
+	statusFD = 4
+)
+
+// Spec is what the trampoline is told over fd 3.
+type Spec struct {
+	Argv     []string     `json:"argv"`
+	Env      []string     `json:"env"`
+	Dir      string       `json:"dir,omitempty"`
+	UID      uint32       `json:"uid"`
+	GID      uint32       `json:"gid"`
+	Landlock LandlockSpec `json:"landlock"`
+}
+
+func init() {
+	if len(os.Args) == 1 && os.Args[0] == TrampolineArg0 {
+		trampolineMain()
+	}
+}
+
+// trampolineMain confines this process and execve's the agent; it returns
+// only by exiting.
+func trampolineMain() {
+	// Per-thread state (the bounding set read back, the thread that
+	// execve's) stays on this thread; it is never unlocked.
+	runtime.LockOSThread()
+	status := os.NewFile(statusFD, "status")
+	defer func() {
+		if r := recover(); r != nil {
+			fail(status, fmt.Errorf("agent trampoline panicked: %v", r))
+		}
+	}()
+	if _, err := unix.FcntlInt(statusFD, unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
+		os.Exit(126) // no status channel: the supervisor sees an empty exit
+	}
+	err := confineAndExec(os.NewFile(specFD, "spec"))
+	fail(status, err)
+}
+
+func fail(status *os.File, err error) {
+	_, _ = status.WriteString(err.Error())
+	os.Exit(127)
+}
+
+func confineAndExec(specFile *os.File) error {
+	data, err := io.ReadAll(io.LimitReader(specFile, 16<<20))
+	specFile.Close()
+	if err != nil {
+		return fmt.Errorf("read agent spec: %w", err)
+	}
+	var s Spec
+	if err := json.Unmarshal(data, &s); err != nil {
+		return fmt.Errorf("decode agent spec: %w", err)
+	}
+	if len(s.Argv) == 0 {
+		return errors.New("agent spec has no command")
+	}
+	prog, err := filterProgram()
+	if err != nil {
+		return err
+	}
+	// Rule paths are opened while still root, so a path the agent could
+	// not open itself can still be granted (DAC applies on top).
+	rulesetFD, _, err := buildRuleset(s.Landlock, LandlockABI())
+	if err != nil {
+		return err
+	}
+	if err := dropPrivileges(s.UID, s.GID); err != nil {
+		return err
+	}
+	if err := setNoNewPrivs(); err != nil {
+		return err
+	}
+	if rulesetFD >= 0 {
+		if err := ll.AllThreadsLandlockRestrictSelf(rulesetFD, 0); err != nil {
+			return fmt.Errorf("landlock_restrict_self: %w", err)
+		}
+		unix.Close(rulesetFD) //nolint:errcheck // enforced; the descriptor is no longer needed
+	}
+	if s.Dir != "" {
+		if err := unix.Chdir(s.Dir); err != nil {
+			return fmt.Errorf("chdir %s: %w", s.Dir, err)
+		}
+	}
+	path, err := lookPath(s.Argv[0], s.Env)
+	if err != nil {
+		return err
+	}
+	if err := loadFilter(prog); err != nil {
+		return err
+	}
+	err = unix.Exec(path, s.Argv, s.Env)
+	return fmt.Errorf("exec %s: %w", s.Argv[0], err)
+}
+
+// lookPath resolves file like a shell, with the agent's PATH.
+func lookPath(file string, env []string) (string, error) {
+	if strings.Contains(file, "/") {
+		return file, nil
+	}
+	pathEnv := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			pathEnv = v
+		}
+	}
+	for _, dir := range filepath.SplitList(pathEnv) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, file)
+		var st unix.Stat_t
+		if unix.Stat(p, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && unix.Access(p, unix.X_OK) == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("exec %s: executable file not found in $PATH", file)
+}
