@@ -33,7 +33,11 @@ func supervisorBinary(t testing.TB) string {
 			return
 		}
 		binPath = filepath.Join(dir, "openshell-sandbox")
-		out, err := exec.Command("go", "build", "-o", binPath, "../../cmd/openshell-sandbox").CombinedOutput()
+		// Static, as `make build` builds it: the agent trampoline re-executes
+		// this binary inside root filesystems that have no C library.
+		cmd := exec.Command("go", "build", "-o", binPath, "../../cmd/openshell-sandbox")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		out, err := cmd.CombinedOutput()
 		if err != nil {
 			buildErr = err
 			binPath = string(out)

@@ -7,8 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	"google.golang.org/protobuf/proto"
-
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 )
 
@@ -19,20 +17,16 @@ import (
 // the revision's FAILED load_error. A section that is absent or empty asks
 // for nothing and is never a reason to fail.
 //
-// Nothing is enforced yet: the agent runs without Landlock, without a
-// change of user and without an egress proxy. Each isolation layer that
-// lands removes its section from this function, together with the test
-// that proves the enforcement (see docs/supervisor.md, "Policy").
-func enforcement(p *sandboxv1.SandboxPolicy) error {
+// The filesystem, landlock and process sections are enforced by the agent
+// confinement (internal/supervisor/isolation): confErr is the error of
+// building it for p (an identity the supervisor cannot switch to, a
+// Landlock hard_requirement it cannot meet), and then no agent process
+// starts. The network sections are not enforced: there is no egress proxy
+// yet. See docs/security.md.
+func enforcement(p *sandboxv1.SandboxPolicy, confErr error) error {
 	var errs []error
-	if proto.Size(p.GetFilesystem()) > 0 {
-		errs = append(errs, errors.New("filesystem policy is not enforced by this supervisor: no Landlock ruleset is applied to the agent"))
-	}
-	if proto.Size(p.GetLandlock()) > 0 {
-		errs = append(errs, errors.New("landlock policy is not enforced by this supervisor: Landlock is not applied"))
-	}
-	if proto.Size(p.GetProcess()) > 0 {
-		errs = append(errs, errors.New("process policy is not enforced by this supervisor: the agent runs as the supervisor's user"))
+	if confErr != nil {
+		errs = append(errs, fmt.Errorf("agent confinement failed, no agent process starts: %w", confErr))
 	}
 	if n := p.GetNetworkPolicies(); len(n) > 0 {
 		errs = append(errs, fmt.Errorf("network policies are not enforced by this supervisor: there is no egress proxy (rules: %s)",

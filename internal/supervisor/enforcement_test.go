@@ -1,6 +1,8 @@
 package supervisor
 
 import (
+	"errors"
+	"strings"
 	"testing"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
@@ -22,15 +24,21 @@ func TestEnforcement(t *testing.T) {
 		}}, "network policies are not enforced by this supervisor: there is no egress proxy (rules: github, pypi)"},
 		{"middlewares", &sandboxv1.SandboxPolicy{NetworkMiddlewares: map[string]*sandboxv1.NetworkMiddlewareConfig{"audit": {}}},
 			"network middlewares are not enforced by this supervisor: there is no egress proxy (middlewares: audit)"},
-		{"default policy", defaultPolicy(),
-			"filesystem policy is not enforced by this supervisor: no Landlock ruleset is applied to the agent; " +
-				"landlock policy is not enforced by this supervisor: Landlock is not applied"},
-		{"process", &sandboxv1.SandboxPolicy{Process: &sandboxv1.ProcessPolicy{RunAsUser: "sandbox"}},
-			"process policy is not enforced by this supervisor: the agent runs as the supervisor's user"},
+		{"default policy", defaultPolicy(), ""},
+		{"process", &sandboxv1.SandboxPolicy{Process: &sandboxv1.ProcessPolicy{RunAsUser: "sandbox"}}, ""},
+		{"confinement failed", &sandboxv1.SandboxPolicy{Landlock: &sandboxv1.LandlockPolicy{Compatibility: "hard_requirement"}},
+			"agent confinement failed, no agent process starts: landlock path /x: no such file or directory"},
+		{"confinement failed and network rules", &sandboxv1.SandboxPolicy{NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{"pypi": {}}},
+			"agent confinement failed, no agent process starts: landlock path /x: no such file or directory; " +
+				"network policies are not enforced by this supervisor: there is no egress proxy (rules: pypi)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := enforcement(tt.policy)
+			var confErr error
+			if strings.HasPrefix(tt.want, "agent confinement failed") {
+				confErr = errors.New("landlock path /x: no such file or directory")
+			}
+			err := enforcement(tt.policy, confErr)
 			got := ""
 			if err != nil {
 				got = err.Error()

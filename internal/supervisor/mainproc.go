@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"sync"
 	"syscall"
 	"time"
@@ -20,18 +19,24 @@ import (
 // runMainProcess starts the sandbox's main process, forwards its output
 // and reports its exit to the gateway. When ctx ends first the process
 // group gets SIGTERM, then SIGKILL after five seconds.
-func runMainProcess(ctx context.Context, log *slog.Logger, cfg Config, procs *procTable, pusher *logPusher, client openshellv1.OpenShellClient, stdout, stderr io.Writer) {
+func runMainProcess(ctx context.Context, log *slog.Logger, cfg Config, agents *agentLauncher, procs *procTable, pusher *logPusher, client openshellv1.OpenShellClient, stdout, stderr io.Writer) {
 	argv := cfg.Command
 	if len(argv) == 0 {
 		argv = loginShell()
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Dir = cfg.WorkspaceDir
-	cmd.Env = childEnv()
+	env := childEnv()
+	if cfg.TTY {
+		env = append(env, "TERM=xterm-256color")
+	}
+	cmd, launch, err := agents.command(argv, env, cfg.WorkspaceDir)
+	if err != nil {
+		log.Error("main process failed to start", "argv", argv, "err", err)
+		reportExit(ctx, log, client, cfg, 127)
+		return
+	}
 
 	var (
 		p       *proc
-		err     error
 		copiers sync.WaitGroup
 		keep    []*os.File // closed after exit
 		readers []*os.File // output read ends, closed to unblock copiers
@@ -48,12 +53,13 @@ func runMainProcess(ctx context.Context, log *slog.Logger, cfg Config, procs *pr
 	if cfg.TTY {
 		var ptmx, tty *os.File
 		ptmx, tty, err = pty.Open()
-		if err == nil {
+		if err != nil {
+			launch.Started(err) //nolint:errcheck // releases the launch; err is reported below
+		} else {
 			pty.Setsize(ptmx, &pty.Winsize{Cols: 80, Rows: 24}) //nolint:errcheck
-			cmd.Env = append(cmd.Env, "TERM=xterm-256color")
 			cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
 			cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true}
-			p, err = procs.start(cmd)
+			p, err = procs.startAgent(cmd, launch)
 			tty.Close()
 			if err != nil {
 				ptmx.Close()
@@ -71,10 +77,12 @@ func runMainProcess(ctx context.Context, log *slog.Logger, cfg Config, procs *pr
 				errR, errW, err = os.Pipe()
 			}
 		}
-		if err == nil {
+		if err != nil {
+			launch.Started(err) //nolint:errcheck // releases the launch; err is reported below
+		} else {
 			cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, errW
 			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-			p, err = procs.start(cmd)
+			p, err = procs.startAgent(cmd, launch)
 			inR.Close()
 			outW.Close()
 			errW.Close()

@@ -3,13 +3,20 @@ package supervisor_test
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
+
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/relay/relaytest"
+	"github.com/openshell-go/openshell/internal/sshexec"
 )
 
 // TestBinaryFilesystemInUserNamespace runs the real binary in a user
-// namespace too (as an unprivileged gateway does), where inherited mounts
-// have locked flags: read-only system directories on the host filesystem,
-// and pivot_root into a busybox root filesystem.
+// namespace too, where inherited mounts have locked flags: read-only
+// system directories on the host filesystem, and pivot_root into a busybox
+// root filesystem. The namespace maps the agent's ids as well as root;
+// TestBinarySingleIDUserNamespace covers one that maps only root.
 func TestBinaryFilesystemInUserNamespace(t *testing.T) {
 	if os.Geteuid() != 0 {
 		skipOrFail(t, "needs root for namespaces")
@@ -43,6 +50,31 @@ func TestBinaryFilesystemInUserNamespace(t *testing.T) {
 				t.Errorf("workspace write did not reach the host workspace: %v", err)
 			}
 		})
+	}
+}
+
+// TestBinarySingleIDUserNamespace: in a user namespace that maps only the
+// supervisor's own id (what an unprivileged gateway creates), the agent
+// cannot run as an unprivileged user. The supervisor stays up, reports the
+// policy FAILED with the reason, and refuses every agent process.
+func TestBinarySingleIDUserNamespace(t *testing.T) {
+	s := startRootSandboxWith(t, true, true, "", nil)
+	var st *openshellv1.ReportPolicyStatusRequest
+	s.gw.WaitFor(t, 10*time.Second, "policy status", func(g *relaytest.State) bool {
+		if len(g.Statuses()) == 0 {
+			return false
+		}
+		st = g.Statuses()[0]
+		return true
+	})
+	if st.GetStatus() != openshellv1.PolicyStatus_POLICY_STATUS_FAILED || !strings.Contains(st.GetLoadError(), "is not mapped in the supervisor's user namespace") {
+		t.Errorf("policy status = %v %q, want FAILED naming the unmapped id", st.GetStatus(), st.GetLoadError())
+	}
+	if got, err := execIn(t, s.gw, s.id, sshexec.Request{Command: []string{"sh", "-c", "touch ran"}}); err == nil {
+		t.Errorf("exec = %+v, want refused", got)
+	}
+	if _, err := os.Stat(filepath.Join(s.work, "ran")); err == nil {
+		t.Error("an agent process ran without its confinement")
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	"github.com/openshell-go/openshell/internal/relay/relaytest"
 	"github.com/openshell-go/openshell/internal/sshexec"
 )
@@ -28,13 +29,36 @@ type rootSandbox struct {
 	work                  string
 }
 
+// Its policy (rootViewPolicy) lets the agent read everything the sandbox's
+// mounts show, so the tests see the mount view itself; the agent still
+// runs confined (its own user, Landlock write rules, seccomp).
 func startRootSandbox(t *testing.T, userns bool, image string) *rootSandbox {
+	t.Helper()
+	return startRootSandboxWith(t, userns, false, image, rootViewPolicy(nil))
+}
+
+// rootViewPolicy reads everything and writes the workspace, /tmp and rw.
+func rootViewPolicy(rw []string) *sandboxv1.SandboxPolicy {
+	return &sandboxv1.SandboxPolicy{Version: 1, Filesystem: &sandboxv1.FilesystemPolicy{
+		IncludeWorkdir: true, ReadOnly: []string{"/"}, ReadWrite: append([]string{"/tmp"}, rw...),
+	}}
+}
+
+// startRootSandboxWith is startRootSandbox with the choice of the user
+// namespace's id mapping, every id up to 65535 (root and the agent's user
+// mapped to themselves, setgroups allowed) or with singleID only root (as
+// an unprivileged gateway creates it), and of the policy (nil: the
+// supervisor seeds its default).
+func startRootSandboxWith(t *testing.T, userns, singleID bool, image string, policy *sandboxv1.SandboxPolicy) *rootSandbox {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		skipOrFail(t, "needs root for namespaces")
 	}
 	bin := supervisorBinary(t)
 	s := &rootSandbox{gw: relaytest.Start(t, relaytest.Options{}), id: "sb-root"}
+	if policy != nil {
+		s.gw.SetPolicy(s.id, policy)
+	}
 	var err error
 	// Outside /tmp, like the gateway's state directory.
 	if s.state, err = os.MkdirTemp("/var/tmp", "openshell-state-"); err != nil {
@@ -71,9 +95,14 @@ func startRootSandbox(t *testing.T, userns bool, image string) *rootSandbox {
 		Pdeathsig:  syscall.SIGKILL,
 	}
 	if userns {
+		ids := []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 65536}}
+		if singleID {
+			ids[0].Size = 1
+		}
 		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWUSER
-		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}}
-		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}}
+		cmd.SysProcAttr.UidMappings = ids
+		cmd.SysProcAttr.GidMappings = ids
+		cmd.SysProcAttr.GidMappingsEnableSetgroups = !singleID
 	}
 	if err := cmd.Start(); err != nil {
 		skipOrFail(t, "cannot start in new namespaces: %v", err)
@@ -203,16 +232,31 @@ func TestSandboxImageLayer(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			image := busyboxImage(t)
+			// The agent writes where its policy and the image's modes
+			// let it: a world-writable /data, read-write in the policy.
+			if err := os.Mkdir(filepath.Join(image, "data"), 0o777); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(filepath.Join(image, "data"), 0o777); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(image, "data", "marker"), []byte("image\n"), 0o666); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(filepath.Join(image, "data", "marker"), 0o666); err != nil {
+				t.Fatal(err)
+			}
 			before := treeListing(t, image)
-			a := startRootSandbox(t, userns, image)
-			if out, errOut, code := a.sh(t, `echo changed > /marker && echo new > /new-file && mkdir /opt2 && cat /marker /new-file`); code != 0 || out != "changed\nnew\n" {
+			policy := rootViewPolicy([]string{"/data"})
+			a := startRootSandboxWith(t, userns, false, image, policy)
+			if out, errOut, code := a.sh(t, `echo changed > /data/marker && echo new > /data/new-file && mkdir /data/opt2 && cat /data/marker /data/new-file`); code != 0 || out != "changed\nnew\n" {
 				t.Fatalf("write into the image root: %q %q (exit %d), want the writes in the sandbox's layer", out, errOut, code)
 			}
 			if got := treeListing(t, image); got != before {
 				t.Errorf("the image directory changed on the host:\nbefore %s\nafter  %s", before, got)
 			}
-			b := startRootSandbox(t, userns, image)
-			if out, _, _ := b.sh(t, `cat /marker; test -e /new-file && echo leaked; true`); out != "image\n" {
+			b := startRootSandboxWith(t, userns, false, image, policy)
+			if out, _, _ := b.sh(t, `cat /data/marker; test -e /data/new-file && echo leaked; true`); out != "image\n" {
 				t.Errorf("second sandbox from the same image sees %q, want the image's own marker only", out)
 			}
 			if out, _, code := a.sh(t, `ls "$1"`, image); code == 0 {

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"strconv"
 	"sync"
 	"syscall"
@@ -27,6 +26,7 @@ type sshServer struct {
 	log     *slog.Logger
 	config  *ssh.ServerConfig
 	procs   *procTable
+	agents  *agentLauncher
 	workdir string
 	env     []string // base environment of sessions
 	shell   []string // login shell argv
@@ -36,7 +36,7 @@ type sshServer struct {
 	conns map[net.Conn]struct{}
 }
 
-func newSSHServer(log *slog.Logger, procs *procTable, workdir string, env, shell []string) (*sshServer, error) {
+func newSSHServer(log *slog.Logger, procs *procTable, agents *agentLauncher, workdir string, env, shell []string) (*sshServer, error) {
 	_, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, err
@@ -55,7 +55,7 @@ func newSSHServer(log *slog.Logger, procs *procTable, workdir string, env, shell
 		},
 	}
 	cfg.AddHostKey(signer)
-	return &sshServer{log: log, config: cfg, procs: procs, workdir: workdir, env: env, shell: shell}, nil
+	return &sshServer{log: log, config: cfg, procs: procs, agents: agents, workdir: workdir, env: env, shell: shell}, nil
 }
 
 // listenUnix listens on path with mode 0600, replacing a stale socket.
@@ -265,11 +265,26 @@ func (s *sshServer) session(ch ssh.Channel, reqs <-chan *ssh.Request) {
 }
 
 // start launches argv for a session channel, wired to ch directly or
-// through a pty.
+// through a pty, confined like every agent process.
 func (s *sshServer) start(ch ssh.Channel, argv, env []string, pt *ptyReq) (*proc, *os.File, error) {
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Dir = s.workdir
-	cmd.Env = append(append([]string(nil), s.env...), env...)
+	env = append(append([]string(nil), s.env...), env...)
+	if pt != nil {
+		term := pt.term
+		if term == "" {
+			term = "xterm-256color"
+		}
+		env = append(env, "TERM="+term)
+	}
+	cmd, launch, err := s.agents.command(argv, env, s.workdir)
+	if err != nil {
+		return nil, nil, err
+	}
+	handedOver := false
+	defer func() {
+		if !handedOver {
+			launch.Started(errors.New("session setup failed")) //nolint:errcheck // only releases the launch
+		}
+	}()
 	if pt == nil {
 		stdinR, stdinW, err := os.Pipe()
 		if err != nil {
@@ -285,7 +300,8 @@ func (s *sshServer) start(ch ssh.Channel, argv, env []string, pt *ptyReq) (*proc
 		}
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = stdinR, stdoutW, stderrW
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		p, err := s.procs.start(cmd)
+		handedOver = true
+		p, err := s.procs.startAgent(cmd, launch)
 		stdinR.Close()
 		stdoutW.Close()
 		stderrW.Close()
@@ -305,11 +321,6 @@ func (s *sshServer) start(ch ssh.Channel, argv, env []string, pt *ptyReq) (*proc
 		p.waitOutput = out.Wait
 		return p, nil, nil
 	}
-	term := pt.term
-	if term == "" {
-		term = "xterm-256color"
-	}
-	cmd.Env = append(cmd.Env, "TERM="+term)
 	ptmx, tty, err := pty.Open()
 	if err != nil {
 		return nil, nil, err
@@ -319,7 +330,8 @@ func (s *sshServer) start(ch ssh.Channel, argv, env []string, pt *ptyReq) (*proc
 	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true}
-	p, err := s.procs.start(cmd)
+	handedOver = true
+	p, err := s.procs.startAgent(cmd, launch)
 	tty.Close()
 	if err != nil {
 		ptmx.Close()

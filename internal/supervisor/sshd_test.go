@@ -103,7 +103,7 @@ func TestExecCancelAndShellEnv(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wd := t.TempDir()
+		wd := agentDir(t)
 		stdinR, stdinW := io.Pipe()
 		out := &syncBuffer{changed: make(chan struct{}, 1)}
 		done := make(chan int, 1)

@@ -315,7 +315,12 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	wg.Go(func() { pusher.run(ctx) })
 
 	log.Info("openshell-sandbox starting", "version", version.Version, "instance_id", cfg.InstanceID, "endpoint", cfg.Endpoint)
-	if err := bootstrapConfig(ctx, log.With("component", "config"), client, cfg); err != nil {
+	workdir := cfg.WorkspaceDir
+	if workdir == "" {
+		workdir, _ = os.Getwd()
+	}
+	agents := newAgentLauncher(log.With("component", "isolation"), workdir)
+	if err := bootstrapConfig(ctx, log.With("component", "config"), client, cfg, agents.prepare); err != nil {
 		log.Error("giving up on the sandbox configuration", "err", err)
 		return err
 	}
@@ -333,7 +338,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("ssh server socket: %w", err)
 	}
-	srv, err := newSSHServer(log.With("component", "ssh"), procs, cfg.WorkspaceDir, childEnv(), loginShell())
+	srv, err := newSSHServer(log.With("component", "ssh"), procs, agents, cfg.WorkspaceDir, childEnv(), loginShell())
 	if err != nil {
 		ln.Close()
 		return err
@@ -356,7 +361,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 
 	if !cfg.NoMainProcess {
 		wg.Go(func() {
-			runMainProcess(ctx, log.With("component", "process"), cfg, procs, pusher, client, stdout, stderr)
+			runMainProcess(ctx, log.With("component", "process"), cfg, agents, procs, pusher, client, stdout, stderr)
 		})
 	}
 	<-ctx.Done()

@@ -37,7 +37,7 @@ func startSupervisor(t testing.TB, gw *relaytest.Gateway, id string, mutate func
 		Endpoint:      gw.Endpoint(),
 		SandboxID:     id,
 		Token:         tok,
-		WorkspaceDir:  t.TempDir(),
+		WorkspaceDir:  agentDir(t),
 		NoMainProcess: true,
 		ReconnectMin:  50 * time.Millisecond,
 		ReconnectMax:  500 * time.Millisecond,
@@ -63,6 +63,17 @@ func startSupervisor(t testing.TB, gw *relaytest.Gateway, id string, mutate func
 		}
 	})
 	gw.WaitFor(t, 20*time.Second, "supervisor session", func(s *relaytest.State) bool { return s.Connected(cfg.SandboxID) })
+}
+
+// agentDir is a t.TempDir the unprivileged agent user can reach (the
+// per-test parent t.TempDir creates is mode 0700).
+func agentDir(t testing.TB) string {
+	t.Helper()
+	d := t.TempDir()
+	if err := os.Chmod(filepath.Dir(d), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 func testWriter(t testing.TB) io.Writer {
@@ -92,7 +103,7 @@ func execIn(t testing.TB, gw *relaytest.Gateway, id string, req sshexec.Request)
 func TestExec(t *testing.T) {
 	gw := relaytest.Start(t, relaytest.Options{})
 	startSupervisor(t, gw, "sb-exec", nil)
-	wd := t.TempDir()
+	wd := agentDir(t)
 	tests := []struct {
 		name string
 		req  sshexec.Request
@@ -446,14 +457,13 @@ func TestMainProcessExitAndLogs(t *testing.T) {
 }
 
 func TestPolicySyncAndStatus(t *testing.T) {
-	t.Run("seeds default policy and reports what it does not enforce", func(t *testing.T) {
+	t.Run("seeds default policy and reports it enforced", func(t *testing.T) {
 		gw := relaytest.Start(t, relaytest.Options{})
 		startSupervisor(t, gw, "sb-pol", nil)
-		gw.WaitFor(t, 10*time.Second, "FAILED status for the unenforced default policy", func(s *relaytest.State) bool {
+		gw.WaitFor(t, 10*time.Second, "LOADED status for the enforced default policy", func(s *relaytest.State) bool {
 			st := s.Statuses()
-			return len(st) == 1 && st[0].GetStatus() == openshellv1.PolicyStatus_POLICY_STATUS_FAILED && st[0].GetVersion() == 1 &&
-				strings.HasPrefix(st[0].GetLoadError(), "filesystem policy is not enforced by this supervisor") &&
-				s.Policy("sb-pol").GetFilesystem().GetIncludeWorkdir()
+			return len(st) == 1 && st[0].GetStatus() == openshellv1.PolicyStatus_POLICY_STATUS_LOADED && st[0].GetVersion() == 1 &&
+				st[0].GetLoadError() == "" && s.Policy("sb-pol").GetFilesystem().GetIncludeWorkdir()
 		})
 	})
 	t.Run("keeps gateway policy", func(t *testing.T) {
