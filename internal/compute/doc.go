@@ -23,8 +23,9 @@
 // have are separate interfaces, discovered by type assertion as Nomad's
 // driver plugins do: [WorkspaceScoper] (backend scope per workspace),
 // [Adopter] (take over an existing workload), [ServiceAccountSelector]
-// (per-sandbox ServiceAccount) and [ListenerRequirer] (extra callback
-// listeners). [EnsureWorkspace], [DeleteWorkspace], [ListenerRequirements]
+// (per-sandbox ServiceAccount), [BootstrapAuthenticatorProvider] (sandboxes
+// bootstrap from a platform identity) and [ListenerRequirer] (extra
+// callback listeners). [EnsureWorkspace], [DeleteWorkspace], [ListenerRequirements]
 // and [CheckTemplate] apply them, so callers never compare driver names.
 // The remote driver (compute/remote) implements each ability by forwarding
 // it; the serving side answers for the driver it serves.

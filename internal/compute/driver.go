@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/errdefs"
 )
 
@@ -13,7 +14,7 @@ import (
 //
 // Driver is the part every backend has. What only some backends can do is
 // an optional interface (WorkspaceScoper, Adopter, ServiceAccountSelector,
-// ListenerRequirer) that callers discover by type assertion; callers never
+// BootstrapAuthenticatorProvider, ListenerRequirer) that callers discover by type assertion; callers never
 // compare a driver's name.
 type Driver interface {
 	// Capabilities describes the driver; it does not touch the backend.
@@ -88,6 +89,16 @@ type Adopter interface {
 type ServiceAccountSelector interface {
 	// SelectsServiceAccounts marks the ability; it has no effect.
 	SelectsServiceAccounts()
+}
+
+// BootstrapAuthenticatorProvider is implemented by drivers whose sandboxes
+// bootstrap from a platform identity (the kubernetes driver: a projected,
+// pod-bound ServiceAccount token) instead of a gateway-minted token. The
+// gateway consults the returned authenticator for IssueSandboxToken only;
+// it yields sandbox principals with auth.SourceK8sSABootstrap. A nil
+// authenticator means the driver has the bootstrap turned off.
+type BootstrapAuthenticatorProvider interface {
+	BootstrapAuthenticator(ctx context.Context) (auth.Authenticator, error)
 }
 
 // ListenerRequirer is implemented by drivers whose sandboxes need extra

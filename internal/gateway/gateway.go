@@ -225,7 +225,7 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	// kubernetes driver: projected ServiceAccount tokens) supply the
 	// authenticator for IssueSandboxToken. Minting needs the JWT issuer.
 	var bootstrap auth.Authenticator
-	if b, ok := driver.(BootstrapAuthenticatorProvider); ok {
+	if b, ok := driver.(compute.BootstrapAuthenticatorProvider); ok {
 		if issuer == nil {
 			logger.Warn("sandbox bootstrap authentication is off: no JWT issuer is configured", "driver", driverName)
 		} else if bootstrap, err = b.BootstrapAuthenticator(ctx); err != nil {
@@ -343,13 +343,6 @@ func redactURL(raw string) string {
 		u.User = url.UserPassword(u.User.Username(), "xxxxx")
 	}
 	return u.String()
-}
-
-// BootstrapAuthenticatorProvider is implemented by compute drivers whose
-// supervisors exchange a platform credential for their first sandbox JWT
-// (IssueSandboxToken). A nil authenticator means "not available here".
-type BootstrapAuthenticatorProvider interface {
-	BootstrapAuthenticator(ctx context.Context) (auth.Authenticator, error)
 }
 
 func buildAuth(cfg *config.Config, verifier *sandboxjwt.Verifier, bootstrap auth.Authenticator) (*auth.Chain, *auth.Authorizer, error) {

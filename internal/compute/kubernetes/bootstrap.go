@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/openshell-go/openshell/internal/auth"
+	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
 )
 
@@ -70,9 +71,11 @@ func NewAuthenticator(o AuthenticatorOptions) *Authenticator {
 	return &Authenticator{o: o, log: o.Logger.With("component", "auth/k8s_sa")}
 }
 
-// BootstrapAuthenticator returns the IssueSandboxToken authenticator for
-// this driver's namespaces and ServiceAccount (gateway.BootstrapAuthenticatorProvider).
-// It is nil when bootstrap_auth is false.
+var _ compute.BootstrapAuthenticatorProvider = (*Driver)(nil)
+
+// BootstrapAuthenticator implements compute.BootstrapAuthenticatorProvider:
+// the IssueSandboxToken authenticator for this driver's namespaces and
+// ServiceAccounts. It is nil when bootstrap_auth is false.
 func (d *Driver) BootstrapAuthenticator(context.Context) (auth.Authenticator, error) {
 	if !d.cfg.BootstrapAuth {
 		return nil, nil

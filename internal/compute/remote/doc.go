@@ -4,10 +4,14 @@
 //
 // Dial returns a *Driver that implements compute.Driver and every optional
 // ability (compute.WorkspaceScoper, compute.Adopter,
-// compute.ServiceAccountSelector, compute.ListenerRequirer) by proxying each
-// call; the serving side answers for the driver it serves: workspace
-// scoping and listener requirements are no-ops without the ability,
-// adoption answers Unimplemented, and a template naming a ServiceAccount is
+// compute.ServiceAccountSelector, compute.BootstrapAuthenticatorProvider,
+// compute.ListenerRequirer) by proxying each call; the serving side answers
+// for the driver it serves: workspace scoping and listener requirements are
+// no-ops without the ability, adoption answers Unimplemented, the
+// bootstrap authenticator is nil when the served driver does not serve the
+// sandbox bootstrap (bearer tokens of IssueSandboxToken are forwarded to it
+// otherwise; the token is a secret field), and a template naming a
+// ServiceAccount is
 // refused unless the served driver selects ServiceAccounts
 // (compute.CheckTemplate). The typed compute.Template fields travel
 // in platform_config under OpenShell's keys (runtime_class_name,

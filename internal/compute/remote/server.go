@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	computev1 "github.com/openshell-go/openshell/api/openshell/compute/v1"
+	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
 )
@@ -119,6 +121,9 @@ type server struct {
 	// serveCtx ends with Serve; open watches end with it so that a
 	// graceful stop does not wait for clients to hang up.
 	serveCtx context.Context
+
+	bootMu sync.Mutex
+	boot   auth.Authenticator // the served driver's, once built
 }
 
 func (s *server) GetCapabilities(ctx context.Context, _ *computev1.GetCapabilitiesRequest) (*computev1.GetCapabilitiesResponse, error) {

@@ -89,3 +89,13 @@ func TestServedDriverRefusesUnsupportedServiceAccount(t *testing.T) {
 		t.Errorf("driver created %d sandboxes, want none", len(f.created))
 	}
 }
+
+// TestBootstrapNotServed checks a served driver without the bootstrap
+// ability gives the gateway no bootstrap authenticator.
+func TestBootstrapNotServed(t *testing.T) {
+	d := serve(t, &fakeDriver{})
+	a, err := d.BootstrapAuthenticator(t.Context())
+	if a != nil || err != nil {
+		t.Errorf("BootstrapAuthenticator() = %v, %v, want nil, nil", a, err)
+	}
+}

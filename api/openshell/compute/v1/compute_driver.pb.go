@@ -2074,6 +2074,124 @@ func (x *AdoptSandboxResponse) GetBackendUid() string {
 	return ""
 }
 
+// openshell-go extension (not upstream): the sandbox bootstrap (the
+// platform-identity half of IssueSandboxToken) verified by a separately
+// served driver that owns the platform credentials (the kubernetes driver's
+// TokenReview of a projected ServiceAccount token).
+type AuthenticateBootstrapTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The platform token the supervisor presented. An empty token verifies
+	// nothing: it only asks whether the driver serves bootstrap
+	// authentication (Unimplemented when it does not, or has it turned off).
+	Token         string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthenticateBootstrapTokenRequest) Reset() {
+	*x = AuthenticateBootstrapTokenRequest{}
+	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthenticateBootstrapTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthenticateBootstrapTokenRequest) ProtoMessage() {}
+
+func (x *AuthenticateBootstrapTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthenticateBootstrapTokenRequest.ProtoReflect.Descriptor instead.
+func (*AuthenticateBootstrapTokenRequest) Descriptor() ([]byte, []int) {
+	return file_openshell_compute_v1_compute_driver_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *AuthenticateBootstrapTokenRequest) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+// openshell-go extension (not upstream).
+type AuthenticateBootstrapTokenResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False: the driver does not recognise the token (for example the
+	// platform did not authenticate it); the gateway then tries its other
+	// authenticators. A token the driver recognises but refuses is an error
+	// status (Unauthenticated, PermissionDenied, NotFound) instead.
+	Recognized bool `protobuf:"varint,1,opt,name=recognized,proto3" json:"recognized,omitempty"`
+	// The sandbox the token proves (set when recognized).
+	SandboxId string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Informational name of the workload (e.g. "namespace/pod").
+	DisplayName   string `protobuf:"bytes,3,opt,name=display_name,json=displayName,proto3" json:"display_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthenticateBootstrapTokenResponse) Reset() {
+	*x = AuthenticateBootstrapTokenResponse{}
+	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthenticateBootstrapTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthenticateBootstrapTokenResponse) ProtoMessage() {}
+
+func (x *AuthenticateBootstrapTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthenticateBootstrapTokenResponse.ProtoReflect.Descriptor instead.
+func (*AuthenticateBootstrapTokenResponse) Descriptor() ([]byte, []int) {
+	return file_openshell_compute_v1_compute_driver_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *AuthenticateBootstrapTokenResponse) GetRecognized() bool {
+	if x != nil {
+		return x.Recognized
+	}
+	return false
+}
+
+func (x *AuthenticateBootstrapTokenResponse) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *AuthenticateBootstrapTokenResponse) GetDisplayName() string {
+	if x != nil {
+		return x.DisplayName
+	}
+	return ""
+}
+
 type EnsureWorkspaceRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Workspace     string                 `protobuf:"bytes,1,opt,name=workspace,proto3" json:"workspace,omitempty"`
@@ -2083,7 +2201,7 @@ type EnsureWorkspaceRequest struct {
 
 func (x *EnsureWorkspaceRequest) Reset() {
 	*x = EnsureWorkspaceRequest{}
-	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[37]
+	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2095,7 +2213,7 @@ func (x *EnsureWorkspaceRequest) String() string {
 func (*EnsureWorkspaceRequest) ProtoMessage() {}
 
 func (x *EnsureWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[37]
+	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2108,7 +2226,7 @@ func (x *EnsureWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*EnsureWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_openshell_compute_v1_compute_driver_proto_rawDescGZIP(), []int{37}
+	return file_openshell_compute_v1_compute_driver_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *EnsureWorkspaceRequest) GetWorkspace() string {
@@ -2126,7 +2244,7 @@ type EnsureWorkspaceResponse struct {
 
 func (x *EnsureWorkspaceResponse) Reset() {
 	*x = EnsureWorkspaceResponse{}
-	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[38]
+	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2138,7 +2256,7 @@ func (x *EnsureWorkspaceResponse) String() string {
 func (*EnsureWorkspaceResponse) ProtoMessage() {}
 
 func (x *EnsureWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[38]
+	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2151,7 +2269,7 @@ func (x *EnsureWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*EnsureWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_openshell_compute_v1_compute_driver_proto_rawDescGZIP(), []int{38}
+	return file_openshell_compute_v1_compute_driver_proto_rawDescGZIP(), []int{40}
 }
 
 type DeleteWorkspaceRequest struct {
@@ -2163,7 +2281,7 @@ type DeleteWorkspaceRequest struct {
 
 func (x *DeleteWorkspaceRequest) Reset() {
 	*x = DeleteWorkspaceRequest{}
-	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[39]
+	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2175,7 +2293,7 @@ func (x *DeleteWorkspaceRequest) String() string {
 func (*DeleteWorkspaceRequest) ProtoMessage() {}
 
 func (x *DeleteWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[39]
+	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2188,7 +2306,7 @@ func (x *DeleteWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*DeleteWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_openshell_compute_v1_compute_driver_proto_rawDescGZIP(), []int{39}
+	return file_openshell_compute_v1_compute_driver_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DeleteWorkspaceRequest) GetWorkspace() string {
@@ -2206,7 +2324,7 @@ type DeleteWorkspaceResponse struct {
 
 func (x *DeleteWorkspaceResponse) Reset() {
 	*x = DeleteWorkspaceResponse{}
-	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[40]
+	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2218,7 +2336,7 @@ func (x *DeleteWorkspaceResponse) String() string {
 func (*DeleteWorkspaceResponse) ProtoMessage() {}
 
 func (x *DeleteWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[40]
+	mi := &file_openshell_compute_v1_compute_driver_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2231,7 +2349,7 @@ func (x *DeleteWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*DeleteWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_openshell_compute_v1_compute_driver_proto_rawDescGZIP(), []int{40}
+	return file_openshell_compute_v1_compute_driver_proto_rawDescGZIP(), []int{42}
 }
 
 var File_openshell_compute_v1_compute_driver_proto protoreflect.FileDescriptor
@@ -2386,13 +2504,22 @@ const file_openshell_compute_v1_compute_driver_proto_rawDesc = "" +
 	"\x14AdoptSandboxResponse\x12=\n" +
 	"\asandbox\x18\x01 \x01(\v2#.openshell.compute.v1.DriverSandboxR\asandbox\x12\x1f\n" +
 	"\vbackend_uid\x18\x02 \x01(\tR\n" +
-	"backendUid\"6\n" +
+	"backendUid\"?\n" +
+	"!AuthenticateBootstrapTokenRequest\x12\x1a\n" +
+	"\x05token\x18\x01 \x01(\tB\x04\x88\xb5\x18\x01R\x05token\"\x86\x01\n" +
+	"\"AuthenticateBootstrapTokenResponse\x12\x1e\n" +
+	"\n" +
+	"recognized\x18\x01 \x01(\bR\n" +
+	"recognized\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12!\n" +
+	"\fdisplay_name\x18\x03 \x01(\tR\vdisplayName\"6\n" +
 	"\x16EnsureWorkspaceRequest\x12\x1c\n" +
 	"\tworkspace\x18\x01 \x01(\tR\tworkspace\"\x19\n" +
 	"\x17EnsureWorkspaceResponse\"6\n" +
 	"\x16DeleteWorkspaceRequest\x12\x1c\n" +
 	"\tworkspace\x18\x01 \x01(\tR\tworkspace\"\x19\n" +
-	"\x17DeleteWorkspaceResponse2\xbd\v\n" +
+	"\x17DeleteWorkspaceResponse2\xcf\f\n" +
 	"\rComputeDriver\x12n\n" +
 	"\x0fGetCapabilities\x12,.openshell.compute.v1.GetCapabilitiesRequest\x1a-.openshell.compute.v1.GetCapabilitiesResponse\x12\x9b\x01\n" +
 	"\x1eGetGatewayListenerRequirements\x12;.openshell.compute.v1.GetGatewayListenerRequirementsRequest\x1a<.openshell.compute.v1.GetGatewayListenerRequirementsResponse\x12\x80\x01\n" +
@@ -2407,7 +2534,8 @@ const file_openshell_compute_v1_compute_driver_proto_rawDesc = "" +
 	"\x0eWatchSandboxes\x12+.openshell.compute.v1.WatchSandboxesRequest\x1a).openshell.compute.v1.WatchSandboxesEvent0\x01\x12n\n" +
 	"\x0fEnsureWorkspace\x12,.openshell.compute.v1.EnsureWorkspaceRequest\x1a-.openshell.compute.v1.EnsureWorkspaceResponse\x12n\n" +
 	"\x0fDeleteWorkspace\x12,.openshell.compute.v1.DeleteWorkspaceRequest\x1a-.openshell.compute.v1.DeleteWorkspaceResponse\x12e\n" +
-	"\fAdoptSandbox\x12).openshell.compute.v1.AdoptSandboxRequest\x1a*.openshell.compute.v1.AdoptSandboxResponseBFZDgithub.com/openshell-go/openshell/api/openshell/compute/v1;computev1b\x06proto3"
+	"\fAdoptSandbox\x12).openshell.compute.v1.AdoptSandboxRequest\x1a*.openshell.compute.v1.AdoptSandboxResponse\x12\x8f\x01\n" +
+	"\x1aAuthenticateBootstrapToken\x127.openshell.compute.v1.AuthenticateBootstrapTokenRequest\x1a8.openshell.compute.v1.AuthenticateBootstrapTokenResponseBFZDgithub.com/openshell-go/openshell/api/openshell/compute/v1;computev1b\x06proto3"
 
 var (
 	file_openshell_compute_v1_compute_driver_proto_rawDescOnce sync.Once
@@ -2421,7 +2549,7 @@ func file_openshell_compute_v1_compute_driver_proto_rawDescGZIP() []byte {
 	return file_openshell_compute_v1_compute_driver_proto_rawDescData
 }
 
-var file_openshell_compute_v1_compute_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_openshell_compute_v1_compute_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_openshell_compute_v1_compute_driver_proto_goTypes = []any{
 	(*GetCapabilitiesRequest)(nil),                  // 0: openshell.compute.v1.GetCapabilitiesRequest
 	(*GetCapabilitiesResponse)(nil),                 // 1: openshell.compute.v1.GetCapabilitiesResponse
@@ -2460,15 +2588,17 @@ var file_openshell_compute_v1_compute_driver_proto_goTypes = []any{
 	(*WatchSandboxesEvent)(nil),                     // 34: openshell.compute.v1.WatchSandboxesEvent
 	(*AdoptSandboxRequest)(nil),                     // 35: openshell.compute.v1.AdoptSandboxRequest
 	(*AdoptSandboxResponse)(nil),                    // 36: openshell.compute.v1.AdoptSandboxResponse
-	(*EnsureWorkspaceRequest)(nil),                  // 37: openshell.compute.v1.EnsureWorkspaceRequest
-	(*EnsureWorkspaceResponse)(nil),                 // 38: openshell.compute.v1.EnsureWorkspaceResponse
-	(*DeleteWorkspaceRequest)(nil),                  // 39: openshell.compute.v1.DeleteWorkspaceRequest
-	(*DeleteWorkspaceResponse)(nil),                 // 40: openshell.compute.v1.DeleteWorkspaceResponse
-	nil,                                             // 41: openshell.compute.v1.DriverSandboxSpec.EnvironmentEntry
-	nil,                                             // 42: openshell.compute.v1.DriverSandboxTemplate.LabelsEntry
-	nil,                                             // 43: openshell.compute.v1.DriverSandboxTemplate.EnvironmentEntry
-	nil,                                             // 44: openshell.compute.v1.DriverPlatformEvent.MetadataEntry
-	(*structpb.Struct)(nil),                         // 45: google.protobuf.Struct
+	(*AuthenticateBootstrapTokenRequest)(nil),       // 37: openshell.compute.v1.AuthenticateBootstrapTokenRequest
+	(*AuthenticateBootstrapTokenResponse)(nil),      // 38: openshell.compute.v1.AuthenticateBootstrapTokenResponse
+	(*EnsureWorkspaceRequest)(nil),                  // 39: openshell.compute.v1.EnsureWorkspaceRequest
+	(*EnsureWorkspaceResponse)(nil),                 // 40: openshell.compute.v1.EnsureWorkspaceResponse
+	(*DeleteWorkspaceRequest)(nil),                  // 41: openshell.compute.v1.DeleteWorkspaceRequest
+	(*DeleteWorkspaceResponse)(nil),                 // 42: openshell.compute.v1.DeleteWorkspaceResponse
+	nil,                                             // 43: openshell.compute.v1.DriverSandboxSpec.EnvironmentEntry
+	nil,                                             // 44: openshell.compute.v1.DriverSandboxTemplate.LabelsEntry
+	nil,                                             // 45: openshell.compute.v1.DriverSandboxTemplate.EnvironmentEntry
+	nil,                                             // 46: openshell.compute.v1.DriverPlatformEvent.MetadataEntry
+	(*structpb.Struct)(nil),                         // 47: google.protobuf.Struct
 }
 var file_openshell_compute_v1_compute_driver_proto_depIdxs = []int32{
 	4,  // 0: openshell.compute.v1.GatewayListenerRequirement.default_route_interface:type_name -> openshell.compute.v1.GatewayDefaultRouteInterfaceRequirement
@@ -2476,17 +2606,17 @@ var file_openshell_compute_v1_compute_driver_proto_depIdxs = []int32{
 	3,  // 2: openshell.compute.v1.GetGatewayListenerRequirementsResponse.requirements:type_name -> openshell.compute.v1.GatewayListenerRequirement
 	8,  // 3: openshell.compute.v1.DriverSandbox.spec:type_name -> openshell.compute.v1.DriverSandboxSpec
 	13, // 4: openshell.compute.v1.DriverSandbox.status:type_name -> openshell.compute.v1.DriverSandboxStatus
-	41, // 5: openshell.compute.v1.DriverSandboxSpec.environment:type_name -> openshell.compute.v1.DriverSandboxSpec.EnvironmentEntry
+	43, // 5: openshell.compute.v1.DriverSandboxSpec.environment:type_name -> openshell.compute.v1.DriverSandboxSpec.EnvironmentEntry
 	11, // 6: openshell.compute.v1.DriverSandboxSpec.template:type_name -> openshell.compute.v1.DriverSandboxTemplate
 	9,  // 7: openshell.compute.v1.DriverSandboxSpec.resource_requirements:type_name -> openshell.compute.v1.ResourceRequirements
 	10, // 8: openshell.compute.v1.ResourceRequirements.gpu:type_name -> openshell.compute.v1.GpuResourceRequirements
-	42, // 9: openshell.compute.v1.DriverSandboxTemplate.labels:type_name -> openshell.compute.v1.DriverSandboxTemplate.LabelsEntry
-	43, // 10: openshell.compute.v1.DriverSandboxTemplate.environment:type_name -> openshell.compute.v1.DriverSandboxTemplate.EnvironmentEntry
+	44, // 9: openshell.compute.v1.DriverSandboxTemplate.labels:type_name -> openshell.compute.v1.DriverSandboxTemplate.LabelsEntry
+	45, // 10: openshell.compute.v1.DriverSandboxTemplate.environment:type_name -> openshell.compute.v1.DriverSandboxTemplate.EnvironmentEntry
 	12, // 11: openshell.compute.v1.DriverSandboxTemplate.resources:type_name -> openshell.compute.v1.DriverResourceRequirements
-	45, // 12: openshell.compute.v1.DriverSandboxTemplate.platform_config:type_name -> google.protobuf.Struct
-	45, // 13: openshell.compute.v1.DriverSandboxTemplate.driver_config:type_name -> google.protobuf.Struct
+	47, // 12: openshell.compute.v1.DriverSandboxTemplate.platform_config:type_name -> google.protobuf.Struct
+	47, // 13: openshell.compute.v1.DriverSandboxTemplate.driver_config:type_name -> google.protobuf.Struct
 	14, // 14: openshell.compute.v1.DriverSandboxStatus.conditions:type_name -> openshell.compute.v1.DriverCondition
-	44, // 15: openshell.compute.v1.DriverPlatformEvent.metadata:type_name -> openshell.compute.v1.DriverPlatformEvent.MetadataEntry
+	46, // 15: openshell.compute.v1.DriverPlatformEvent.metadata:type_name -> openshell.compute.v1.DriverPlatformEvent.MetadataEntry
 	7,  // 16: openshell.compute.v1.ValidateSandboxCreateRequest.sandbox:type_name -> openshell.compute.v1.DriverSandbox
 	7,  // 17: openshell.compute.v1.GetSandboxResponse.sandbox:type_name -> openshell.compute.v1.DriverSandbox
 	7,  // 18: openshell.compute.v1.ListSandboxesResponse.sandboxes:type_name -> openshell.compute.v1.DriverSandbox
@@ -2508,24 +2638,26 @@ var file_openshell_compute_v1_compute_driver_proto_depIdxs = []int32{
 	26, // 34: openshell.compute.v1.ComputeDriver.StartSandbox:input_type -> openshell.compute.v1.StartSandboxRequest
 	28, // 35: openshell.compute.v1.ComputeDriver.DeleteSandbox:input_type -> openshell.compute.v1.DeleteSandboxRequest
 	30, // 36: openshell.compute.v1.ComputeDriver.WatchSandboxes:input_type -> openshell.compute.v1.WatchSandboxesRequest
-	37, // 37: openshell.compute.v1.ComputeDriver.EnsureWorkspace:input_type -> openshell.compute.v1.EnsureWorkspaceRequest
-	39, // 38: openshell.compute.v1.ComputeDriver.DeleteWorkspace:input_type -> openshell.compute.v1.DeleteWorkspaceRequest
+	39, // 37: openshell.compute.v1.ComputeDriver.EnsureWorkspace:input_type -> openshell.compute.v1.EnsureWorkspaceRequest
+	41, // 38: openshell.compute.v1.ComputeDriver.DeleteWorkspace:input_type -> openshell.compute.v1.DeleteWorkspaceRequest
 	35, // 39: openshell.compute.v1.ComputeDriver.AdoptSandbox:input_type -> openshell.compute.v1.AdoptSandboxRequest
-	1,  // 40: openshell.compute.v1.ComputeDriver.GetCapabilities:output_type -> openshell.compute.v1.GetCapabilitiesResponse
-	6,  // 41: openshell.compute.v1.ComputeDriver.GetGatewayListenerRequirements:output_type -> openshell.compute.v1.GetGatewayListenerRequirementsResponse
-	17, // 42: openshell.compute.v1.ComputeDriver.ValidateSandboxCreate:output_type -> openshell.compute.v1.ValidateSandboxCreateResponse
-	19, // 43: openshell.compute.v1.ComputeDriver.GetSandbox:output_type -> openshell.compute.v1.GetSandboxResponse
-	21, // 44: openshell.compute.v1.ComputeDriver.ListSandboxes:output_type -> openshell.compute.v1.ListSandboxesResponse
-	23, // 45: openshell.compute.v1.ComputeDriver.CreateSandbox:output_type -> openshell.compute.v1.CreateSandboxResponse
-	25, // 46: openshell.compute.v1.ComputeDriver.StopSandbox:output_type -> openshell.compute.v1.StopSandboxResponse
-	27, // 47: openshell.compute.v1.ComputeDriver.StartSandbox:output_type -> openshell.compute.v1.StartSandboxResponse
-	29, // 48: openshell.compute.v1.ComputeDriver.DeleteSandbox:output_type -> openshell.compute.v1.DeleteSandboxResponse
-	34, // 49: openshell.compute.v1.ComputeDriver.WatchSandboxes:output_type -> openshell.compute.v1.WatchSandboxesEvent
-	38, // 50: openshell.compute.v1.ComputeDriver.EnsureWorkspace:output_type -> openshell.compute.v1.EnsureWorkspaceResponse
-	40, // 51: openshell.compute.v1.ComputeDriver.DeleteWorkspace:output_type -> openshell.compute.v1.DeleteWorkspaceResponse
-	36, // 52: openshell.compute.v1.ComputeDriver.AdoptSandbox:output_type -> openshell.compute.v1.AdoptSandboxResponse
-	40, // [40:53] is the sub-list for method output_type
-	27, // [27:40] is the sub-list for method input_type
+	37, // 40: openshell.compute.v1.ComputeDriver.AuthenticateBootstrapToken:input_type -> openshell.compute.v1.AuthenticateBootstrapTokenRequest
+	1,  // 41: openshell.compute.v1.ComputeDriver.GetCapabilities:output_type -> openshell.compute.v1.GetCapabilitiesResponse
+	6,  // 42: openshell.compute.v1.ComputeDriver.GetGatewayListenerRequirements:output_type -> openshell.compute.v1.GetGatewayListenerRequirementsResponse
+	17, // 43: openshell.compute.v1.ComputeDriver.ValidateSandboxCreate:output_type -> openshell.compute.v1.ValidateSandboxCreateResponse
+	19, // 44: openshell.compute.v1.ComputeDriver.GetSandbox:output_type -> openshell.compute.v1.GetSandboxResponse
+	21, // 45: openshell.compute.v1.ComputeDriver.ListSandboxes:output_type -> openshell.compute.v1.ListSandboxesResponse
+	23, // 46: openshell.compute.v1.ComputeDriver.CreateSandbox:output_type -> openshell.compute.v1.CreateSandboxResponse
+	25, // 47: openshell.compute.v1.ComputeDriver.StopSandbox:output_type -> openshell.compute.v1.StopSandboxResponse
+	27, // 48: openshell.compute.v1.ComputeDriver.StartSandbox:output_type -> openshell.compute.v1.StartSandboxResponse
+	29, // 49: openshell.compute.v1.ComputeDriver.DeleteSandbox:output_type -> openshell.compute.v1.DeleteSandboxResponse
+	34, // 50: openshell.compute.v1.ComputeDriver.WatchSandboxes:output_type -> openshell.compute.v1.WatchSandboxesEvent
+	40, // 51: openshell.compute.v1.ComputeDriver.EnsureWorkspace:output_type -> openshell.compute.v1.EnsureWorkspaceResponse
+	42, // 52: openshell.compute.v1.ComputeDriver.DeleteWorkspace:output_type -> openshell.compute.v1.DeleteWorkspaceResponse
+	36, // 53: openshell.compute.v1.ComputeDriver.AdoptSandbox:output_type -> openshell.compute.v1.AdoptSandboxResponse
+	38, // 54: openshell.compute.v1.ComputeDriver.AuthenticateBootstrapToken:output_type -> openshell.compute.v1.AuthenticateBootstrapTokenResponse
+	41, // [41:55] is the sub-list for method output_type
+	27, // [27:41] is the sub-list for method input_type
 	27, // [27:27] is the sub-list for extension type_name
 	27, // [27:27] is the sub-list for extension extendee
 	0,  // [0:27] is the sub-list for field type_name
@@ -2553,7 +2685,7 @@ func file_openshell_compute_v1_compute_driver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_openshell_compute_v1_compute_driver_proto_rawDesc), len(file_openshell_compute_v1_compute_driver_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   45,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

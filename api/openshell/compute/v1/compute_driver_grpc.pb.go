@@ -32,6 +32,7 @@ const (
 	ComputeDriver_EnsureWorkspace_FullMethodName                = "/openshell.compute.v1.ComputeDriver/EnsureWorkspace"
 	ComputeDriver_DeleteWorkspace_FullMethodName                = "/openshell.compute.v1.ComputeDriver/DeleteWorkspace"
 	ComputeDriver_AdoptSandbox_FullMethodName                   = "/openshell.compute.v1.ComputeDriver/AdoptSandbox"
+	ComputeDriver_AuthenticateBootstrapToken_FullMethodName     = "/openshell.compute.v1.ComputeDriver/AuthenticateBootstrapToken"
 )
 
 // ComputeDriverClient is the client API for ComputeDriver service.
@@ -53,6 +54,9 @@ type ComputeDriverClient interface {
 	// openshell-go extension (not upstream): merge the OpenShell enrichment
 	// into an existing backend object and take ownership of it.
 	AdoptSandbox(ctx context.Context, in *AdoptSandboxRequest, opts ...grpc.CallOption) (*AdoptSandboxResponse, error)
+	// openshell-go extension (not upstream): verify a sandbox's platform
+	// bootstrap token (see AuthenticateBootstrapTokenRequest).
+	AuthenticateBootstrapToken(ctx context.Context, in *AuthenticateBootstrapTokenRequest, opts ...grpc.CallOption) (*AuthenticateBootstrapTokenResponse, error)
 }
 
 type computeDriverClient struct {
@@ -202,6 +206,16 @@ func (c *computeDriverClient) AdoptSandbox(ctx context.Context, in *AdoptSandbox
 	return out, nil
 }
 
+func (c *computeDriverClient) AuthenticateBootstrapToken(ctx context.Context, in *AuthenticateBootstrapTokenRequest, opts ...grpc.CallOption) (*AuthenticateBootstrapTokenResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AuthenticateBootstrapTokenResponse)
+	err := c.cc.Invoke(ctx, ComputeDriver_AuthenticateBootstrapToken_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ComputeDriverServer is the server API for ComputeDriver service.
 // All implementations must embed UnimplementedComputeDriverServer
 // for forward compatibility.
@@ -221,6 +235,9 @@ type ComputeDriverServer interface {
 	// openshell-go extension (not upstream): merge the OpenShell enrichment
 	// into an existing backend object and take ownership of it.
 	AdoptSandbox(context.Context, *AdoptSandboxRequest) (*AdoptSandboxResponse, error)
+	// openshell-go extension (not upstream): verify a sandbox's platform
+	// bootstrap token (see AuthenticateBootstrapTokenRequest).
+	AuthenticateBootstrapToken(context.Context, *AuthenticateBootstrapTokenRequest) (*AuthenticateBootstrapTokenResponse, error)
 	mustEmbedUnimplementedComputeDriverServer()
 }
 
@@ -269,6 +286,9 @@ func (UnimplementedComputeDriverServer) DeleteWorkspace(context.Context, *Delete
 }
 func (UnimplementedComputeDriverServer) AdoptSandbox(context.Context, *AdoptSandboxRequest) (*AdoptSandboxResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method AdoptSandbox not implemented")
+}
+func (UnimplementedComputeDriverServer) AuthenticateBootstrapToken(context.Context, *AuthenticateBootstrapTokenRequest) (*AuthenticateBootstrapTokenResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AuthenticateBootstrapToken not implemented")
 }
 func (UnimplementedComputeDriverServer) mustEmbedUnimplementedComputeDriverServer() {}
 func (UnimplementedComputeDriverServer) testEmbeddedByValue()                       {}
@@ -518,6 +538,24 @@ func _ComputeDriver_AdoptSandbox_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ComputeDriver_AuthenticateBootstrapToken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AuthenticateBootstrapTokenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ComputeDriverServer).AuthenticateBootstrapToken(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ComputeDriver_AuthenticateBootstrapToken_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ComputeDriverServer).AuthenticateBootstrapToken(ctx, req.(*AuthenticateBootstrapTokenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ComputeDriver_ServiceDesc is the grpc.ServiceDesc for ComputeDriver service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -572,6 +610,10 @@ var ComputeDriver_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "AdoptSandbox",
 			Handler:    _ComputeDriver_AdoptSandbox_Handler,
+		},
+		{
+			MethodName: "AuthenticateBootstrapToken",
+			Handler:    _ComputeDriver_AuthenticateBootstrapToken_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
