@@ -2,6 +2,8 @@ package gatewaytest
 
 import (
 	"context"
+	"errors"
+	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -149,5 +151,78 @@ func TestGatewayKilledDuringDelete(t *testing.T) {
 		if alive(pid) {
 			t.Fatalf("supervisor %d still running", pid)
 		}
+	}
+}
+
+// TestWatchSandboxReplaysTransitions: after create, stop and start, a
+// watch with event_tail replays a platform event per phase transition;
+// without follow_status it gets no snapshot; it and a log push end when
+// the sandbox is deleted.
+func TestWatchSandboxReplaysTransitions(t *testing.T) {
+	g := Start(t, Options{})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	sb := readySandbox(ctx, t, c, "cycled")
+	if _, err := c.StopSandbox(ctx, &openshellv1.StopSandboxRequest{Name: "cycled"}); err != nil {
+		t.Fatal(err)
+	}
+	WaitPhase(ctx, t, c, "cycled", openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPED, time.Minute)
+	if _, err := c.StartSandbox(ctx, &openshellv1.StartSandboxRequest{Name: "cycled"}); err != nil {
+		t.Fatal(err)
+	}
+	WaitPhase(ctx, t, c, "cycled", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, time.Minute)
+
+	w, err := c.WatchSandbox(ctx, &openshellv1.WatchSandboxRequest{Id: sb.GetMetadata().GetId(), FollowEvents: true, EventTail: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		reasons   []string
+		snapshots int
+		err       error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		for {
+			ev, err := w.Recv()
+			if err != nil {
+				r.err = err
+				done <- r
+				return
+			}
+			if ev.GetSandbox() != nil {
+				r.snapshots++
+			}
+			if e := ev.GetEvent(); e != nil {
+				r.reasons = append(r.reasons, e.GetReason())
+			}
+		}
+	}()
+	if _, err := c.DeleteSandbox(ctx, &openshellv1.DeleteSandboxRequest{Name: "cycled"}); err != nil {
+		t.Fatal(err)
+	}
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("watch did not end after delete")
+	}
+	if !errors.Is(r.err, io.EOF) {
+		t.Errorf("watch ended with %v, want EOF", r.err)
+	}
+	if r.snapshots != 0 {
+		t.Errorf("watch without follow_status got %d snapshots", r.snapshots)
+	}
+	want := []string{"PhaseReady", "PhaseStopping", "PhaseStopped", "PhaseStarting", "PhaseReady", "PhaseDeleting"}
+	i := 0
+	for _, reason := range r.reasons {
+		if i < len(want) && reason == want[i] {
+			i++
+		}
+	}
+	if i != len(want) {
+		t.Errorf("events = %q, want %q in this order", r.reasons, want)
 	}
 }
