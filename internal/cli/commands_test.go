@@ -123,6 +123,8 @@ func TestErrorSentences(t *testing.T) {
 				return nil, status.Error(codes.PermissionDenied, "role user required")
 			case "notready":
 				return nil, status.Error(codes.FailedPrecondition, "sandbox is not ready")
+			case "dbdown":
+				return nil, status.Error(codes.Unavailable, "database unavailable")
 			}
 			return nil, status.Error(codes.NotFound, "sandbox not found")
 		},
@@ -144,6 +146,7 @@ func TestErrorSentences(t *testing.T) {
 		{"unauthenticated", []string{"--gateway-endpoint", ep, "sandbox", "get", "unauth"}, "rejected the request as unauthenticated: missing authorization header\nhint: this gateway requires authentication"},
 		{"permission denied", []string{"--gateway-endpoint", ep, "sandbox", "get", "denied"}, "permission denied: role user required\nhint: 'openshell whoami'"},
 		{"failed precondition", []string{"--gateway-endpoint", ep, "sandbox", "get", "notready"}, `sandbox "notready": sandbox is not ready`},
+		{"database unavailable", []string{"--gateway-endpoint", ep, "sandbox", "get", "dbdown"}, `gateway at ` + ep + ` is up, but its database is unavailable: database unavailable`},
 		{"unavailable endpoint", []string{"--gateway-endpoint", "http://" + deadAddr, "sandbox", "list"}, `cannot reach gateway at http://` + deadAddr + `: connection refused (is openshell-gateway running?)`},
 		{"unavailable unix", []string{"--gateway-endpoint", "unix:///nonexistent/gw.sock", "status"}, `cannot reach gateway at unix:///nonexistent/gw.sock: no such file or directory (is openshell-gateway running?)`},
 	} {

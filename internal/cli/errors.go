@@ -13,6 +13,10 @@ import (
 
 var errEOF = io.EOF
 
+// databaseUnavailable ends the message of the Unavailable errors a gateway
+// returns while its database cannot be reached.
+const databaseUnavailable = "database unavailable"
+
 // userError is an error already phrased for a person.
 type userError struct {
 	msg   string
@@ -48,6 +52,11 @@ func (a *app) rpcError(err error, what string) error {
 	var out string
 	switch st.Code() {
 	case codes.Unavailable:
+		if strings.HasSuffix(msg, databaseUnavailable) {
+			// The gateway answered: it is up, its database is not.
+			out = fmt.Sprintf("%s is up, but its database is unavailable: %s (the gateway's log says why; requests succeed again once the database is back)", t.describe(), msg)
+			break
+		}
 		reason := dialReason(msg)
 		hint := "is openshell-gateway running?"
 		switch {

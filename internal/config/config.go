@@ -18,6 +18,7 @@ const (
 	DefaultOIDCAdminRole   = "openshell-admin"
 	DefaultOIDCUserRole    = "openshell-user"
 	DefaultSSHSessionTTL   = 24 * time.Hour
+	DefaultDatabaseWait    = 60 * time.Second
 	DefaultLocalGatewayID  = "openshell"
 	DefaultPolicyFailMode  = PolicyFailClosed
 	PolicyFailClosed       = "fail_closed"
@@ -78,6 +79,7 @@ type Config struct {
 	ServerSANs                  []string
 	EnableLoopbackServiceHTTP   bool
 	SSHSessionTTL               time.Duration
+	DatabaseWait                time.Duration // start-up wait for an unreachable database (0 = fail at once)
 	SandboxNamespace            string
 	PolicyValidationFailureMode string
 }

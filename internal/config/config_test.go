@@ -63,6 +63,7 @@ func TestDefaults(t *testing.T) {
 		TLS:                         TLS{LocalDir: filepath.Join(state, "openshell", "tls")},
 		EnableLoopbackServiceHTTP:   true,
 		SSHSessionTTL:               24 * time.Hour,
+		DatabaseWait:                60 * time.Second,
 		PolicyValidationFailureMode: "fail_closed",
 	}
 	if diff := cmp.Diff(want, cfg); diff != "" {
@@ -100,6 +101,7 @@ bind_address = "0.0.0.0:1001"
 log_level = "warn"
 disable_tls = true
 ssh_session_ttl_secs = 60
+database_wait_secs = 7
 [openshell.gateway.oidc]
 issuer = "https://file.example"
 audience = "file-aud"
@@ -114,9 +116,10 @@ allow_unauthenticated_users = true
 		Issuer   string
 		SSH      time.Duration
 		Unauth   bool
+		DBWait   time.Duration
 	}
 	get := func(c *Config) got {
-		return got{c.Port, c.BindAddress, c.LogLevelName, c.OIDC.Audience, c.OIDC.Issuer, c.SSHSessionTTL, c.Auth.AllowUnauthenticatedUsers}
+		return got{c.Port, c.BindAddress, c.LogLevelName, c.OIDC.Audience, c.OIDC.Issuer, c.SSHSessionTTL, c.Auth.AllowUnauthenticatedUsers, c.DatabaseWait}
 	}
 	tests := []struct {
 		name string
@@ -127,12 +130,12 @@ allow_unauthenticated_users = true
 		{
 			name: "default",
 			args: []string{"--disable-tls"},
-			want: got{17670, "127.0.0.1", "info", "", "", 24 * time.Hour, false},
+			want: got{17670, "127.0.0.1", "info", "", "", 24 * time.Hour, false, time.Minute},
 		},
 		{
 			name: "file beats default",
 			args: []string{"--config", file},
-			want: got{1001, "0.0.0.0", "warn", "file-aud", "https://file.example", time.Minute, true},
+			want: got{1001, "0.0.0.0", "warn", "file-aud", "https://file.example", time.Minute, true, 7 * time.Second},
 		},
 		{
 			name: "env beats file",
@@ -140,22 +143,24 @@ allow_unauthenticated_users = true
 			env: map[string]string{
 				"OPENSHELL_SERVER_PORT": "2002", "OPENSHELL_LOG_LEVEL": "error", "OPENSHELL_OIDC_AUDIENCE": "env-aud",
 				"OPENSHELL_SSH_SESSION_TTL_SECS": "120", "OPENSHELL_ALLOW_UNAUTHENTICATED_USERS": "false", "OPENSHELL_BIND_ADDRESS": "::1",
+				"OPENSHELL_DATABASE_WAIT_SECS": "8",
 			},
-			want: got{2002, "::1", "error", "env-aud", "https://file.example", 2 * time.Minute, false},
+			want: got{2002, "::1", "error", "env-aud", "https://file.example", 2 * time.Minute, false, 8 * time.Second},
 		},
 		{
 			name: "flag beats env",
-			args: []string{"--config", file, "--port", "3003", "--log-level", "debug", "--oidc-audience", "flag-aud", "--ssh-session-ttl-secs", "180", "--allow-unauthenticated-users", "--bind-address", "127.0.0.2"},
+			args: []string{"--config", file, "--port", "3003", "--log-level", "debug", "--oidc-audience", "flag-aud", "--ssh-session-ttl-secs", "180", "--allow-unauthenticated-users", "--bind-address", "127.0.0.2", "--database-wait-secs", "0"},
 			env: map[string]string{
 				"OPENSHELL_SERVER_PORT": "2002", "OPENSHELL_LOG_LEVEL": "error", "OPENSHELL_OIDC_AUDIENCE": "env-aud",
 				"OPENSHELL_SSH_SESSION_TTL_SECS": "120", "OPENSHELL_ALLOW_UNAUTHENTICATED_USERS": "false", "OPENSHELL_BIND_ADDRESS": "::1",
+				"OPENSHELL_DATABASE_WAIT_SECS": "8",
 			},
-			want: got{3003, "127.0.0.2", "debug", "flag-aud", "https://file.example", 3 * time.Minute, true},
+			want: got{3003, "127.0.0.2", "debug", "flag-aud", "https://file.example", 3 * time.Minute, true, 0},
 		},
 		{
 			name: "config path from env",
 			env:  map[string]string{"OPENSHELL_GATEWAY_CONFIG": file},
-			want: got{1001, "0.0.0.0", "warn", "file-aud", "https://file.example", time.Minute, true},
+			want: got{1001, "0.0.0.0", "warn", "file-aud", "https://file.example", time.Minute, true, 7 * time.Second},
 		},
 	}
 	for _, tt := range tests {

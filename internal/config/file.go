@@ -42,6 +42,7 @@ type fileGateway struct {
 	CredentialStorage           map[string]any   `toml:"credential_storage"`
 	SandboxNamespace            *string          `toml:"sandbox_namespace"`
 	SSHSessionTTLSecs           *int64           `toml:"ssh_session_ttl_secs"`
+	DatabaseWaitSecs            *int64           `toml:"database_wait_secs"`
 	GRPCRateLimitRequests       *int64           `toml:"grpc_rate_limit_requests"`
 	GRPCRateLimitWindowSeconds  *int64           `toml:"grpc_rate_limit_window_seconds"`
 	PolicyValidationFailureMode *string          `toml:"policy_validation_failure_mode"`

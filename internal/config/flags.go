@@ -44,6 +44,7 @@ type settings struct {
 	stateDir            string
 	localTLSDir         string
 	sshTTL              int
+	dbWait              int
 	jwtTTL              int
 	jwtSigningKey       string
 	jwtPublicKey        string
@@ -141,6 +142,7 @@ var specs = []*spec{
 	{name: "allow-unauthenticated-users", env: "OPENSHELL_ALLOW_UNAUTHENTICATED_USERS", kind: kBool, def: "false", usage: "requests without credentials run as the local-dev user (trusted local use only)", bool: func(s *settings) *bool { return &s.allowUnauth }},
 	{name: "state-dir", env: "OPENSHELL_STATE_DIR", def: "$XDG_STATE_HOME/openshell/gateway", usage: "gateway state directory", str: func(s *settings) *string { return &s.stateDir }},
 	{name: "local-tls-dir", env: "OPENSHELL_LOCAL_TLS_DIR", def: "$XDG_STATE_HOME/openshell/tls", usage: "generate-certs output consulted for TLS/JWT auto-discovery", str: func(s *settings) *string { return &s.localTLSDir }},
+	{name: "database-wait-secs", env: "OPENSHELL_DATABASE_WAIT_SECS", kind: kInt, def: strconv.Itoa(int(DefaultDatabaseWait / time.Second)), usage: "how long start-up waits for an unreachable database, in seconds (0 = fail at once)", num: func(s *settings) *int { return &s.dbWait }},
 	{name: "ssh-session-ttl-secs", env: "OPENSHELL_SSH_SESSION_TTL_SECS", kind: kInt, def: strconv.Itoa(int(DefaultSSHSessionTTL / time.Second)), usage: "SSH session lifetime in seconds (0 = no limit)", num: func(s *settings) *int { return &s.sshTTL }},
 	{name: "jwt-signing-key", env: "OPENSHELL_JWT_SIGNING_KEY", usage: "Ed25519 sandbox JWT signing key (PKCS#8 PEM)", str: func(s *settings) *string { return &s.jwtSigningKey }},
 	{name: "jwt-public-key", env: "OPENSHELL_JWT_PUBLIC_KEY", usage: "Ed25519 sandbox JWT public key (PKIX PEM)", str: func(s *settings) *string { return &s.jwtPublicKey }},

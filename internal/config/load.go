@@ -117,6 +117,7 @@ func defaults() *settings {
 		oidcUserRole:   DefaultOIDCUserRole,
 		loopbackHTTP:   true,
 		sshTTL:         int(DefaultSSHSessionTTL / time.Second),
+		dbWait:         int(DefaultDatabaseWait / time.Second),
 		gatewayID:      DefaultLocalGatewayID,
 		source:         map[string]string{},
 	}
@@ -168,6 +169,7 @@ func (s *settings) applyFile(g *fileGateway) error {
 		s.source["drivers"] = "file"
 	}
 	setI("ssh-session-ttl-secs", &s.sshTTL, g.SSHSessionTTLSecs)
+	setI("database-wait-secs", &s.dbWait, g.DatabaseWaitSecs)
 	setI("grpc-rate-limit-requests", &s.rateRequests, g.GRPCRateLimitRequests)
 	setI("grpc-rate-limit-window-seconds", &s.rateWindow, g.GRPCRateLimitWindowSeconds)
 	if g.ServerSANs != nil {
@@ -517,6 +519,10 @@ func (s *settings) resolve(cfg *Config, file *fileRoot, lookupEnv LookupEnv) err
 		fail("--ssh-session-ttl-secs: must not be negative")
 	}
 	cfg.SSHSessionTTL = time.Duration(s.sshTTL) * time.Second
+	if s.dbWait < 0 {
+		fail("--database-wait-secs: must not be negative")
+	}
+	cfg.DatabaseWait = time.Duration(s.dbWait) * time.Second
 	cfg.SandboxNamespace = deref(g.SandboxNamespace)
 	cfg.PolicyValidationFailureMode = DefaultPolicyFailMode
 	if g.PolicyValidationFailureMode != nil {

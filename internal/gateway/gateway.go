@@ -131,7 +131,9 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	}
 	cleanups = append(cleanups, func() { ln.Close() })
 
-	st, err := storeopen.Open(ctx, cfg.DatabaseURL, logger)
+	st, err := openStoreWaiting(ctx, logger, cfg.DatabaseWait, func(ctx context.Context) (store.Store, error) {
+		return storeopen.Open(ctx, cfg.DatabaseURL, logger)
+	})
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
@@ -275,14 +277,9 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	}
 	var ready sync.Once
 	readyCh := make(chan struct{})
-	srvOpts.Ready = func() bool {
-		select {
-		case <-readyCh:
-			return true
-		default:
-			return false
-		}
-	}
+	rd := &readiness{started: readyCh, store: st, driver: driver, driverName: driverName, log: logger, now: time.Now}
+	srvOpts.Ready = rd.check
+	srvOpts.Deps.Status = rd.status
 	srv, err := server.New(srvOpts)
 	if err != nil {
 		return err

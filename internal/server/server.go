@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,8 +67,11 @@ type Options struct {
 	SniffTimeout time.Duration
 	// DrainTimeout bounds the graceful drain when Serve's ctx ends.
 	DrainTimeout time.Duration
-	// Ready reports whether store and drivers are initialized; nil = ready.
-	Ready func() bool
+	// Ready reports why the gateway cannot serve (still starting, store or
+	// compute driver not answering), or nil when it can; nil = always
+	// ready. /readyz answers 503 with the reason. The reason is shown to
+	// unauthenticated probes: it must not carry connection details.
+	Ready func(ctx context.Context) error
 	// JWKS returns the sandbox-token verification keys as a JSON Web Key
 	// Set; nil = /.well-known/jwks.json answers 404.
 	JWKS func() ([]byte, error)
@@ -213,8 +217,14 @@ func New(opts Options) (*Server, error) {
 // Registry returns the Prometheus registry the server reports to.
 func (s *Server) Registry() *prometheus.Registry { return s.metrics.reg }
 
-func (s *Server) ready() bool {
-	return !s.draining.Load() && (s.opts.Ready == nil || s.opts.Ready())
+func (s *Server) ready(ctx context.Context) error {
+	if s.draining.Load() {
+		return errors.New("shutting down")
+	}
+	if s.opts.Ready == nil {
+		return nil
+	}
+	return s.opts.Ready(ctx)
 }
 
 func (s *Server) handleHealthz(w http.ResponseWriter, _ *http.Request) {
@@ -222,11 +232,11 @@ func (s *Server) handleHealthz(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write([]byte("ok\n"))
 }
 
-func (s *Server) handleReadyz(w http.ResponseWriter, _ *http.Request) {
+func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	if !s.ready() {
+	if err := s.ready(r.Context()); err != nil {
 		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte("not ready\n"))
+		_, _ = fmt.Fprintf(w, "not ready: %s\n", strings.ReplaceAll(err.Error(), "\n", "; "))
 		return
 	}
 	_, _ = w.Write([]byte("ready\n"))

@@ -377,12 +377,12 @@ func TestRateLimit(t *testing.T) {
 
 func TestReadinessAndSeparateListeners(t *testing.T) {
 	ready := make(chan struct{})
-	isReady := func() bool {
+	isReady := func(context.Context) error {
 		select {
 		case <-ready:
-			return true
+			return nil
 		default:
-			return false
+			return errors.New("store: database unavailable")
 		}
 	}
 	hl, err := net.Listen("tcp", "127.0.0.1:0")
@@ -395,8 +395,8 @@ func TestReadinessAndSeparateListeners(t *testing.T) {
 	}
 	_, addr := startServer(t, Options{Ready: isReady, HealthListener: hl, MetricsListener: ml})
 	for _, u := range []string{"http://" + addr + "/readyz", "http://" + hl.Addr().String() + "/readyz"} {
-		if code, _, _ := httpGet(t, http.DefaultClient, u); code != http.StatusServiceUnavailable {
-			t.Errorf("GET %s before ready = %d, want 503", u, code)
+		if code, body, _ := httpGet(t, http.DefaultClient, u); code != http.StatusServiceUnavailable || body != "not ready: store: database unavailable\n" {
+			t.Errorf("GET %s before ready = %d %q, want 503 with the reason", u, code, body)
 		}
 	}
 	close(ready)
@@ -477,7 +477,7 @@ func TestShutdownDrainsThenStops(t *testing.T) {
 	if err := s.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !s.draining.Load() || s.ready() {
+	if !s.draining.Load() || s.ready(t.Context()) == nil {
 		t.Error("server still ready after Shutdown")
 	}
 	if d := time.Since(start); d < 150*time.Millisecond || d > 5*time.Second {
