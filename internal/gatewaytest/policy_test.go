@@ -2,7 +2,6 @@ package gatewaytest
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -35,8 +34,9 @@ func waitPolicyStatus(ctx context.Context, t *testing.T, c openshellv1.OpenShell
 // spec.policy is refused with every violation and leaves no sandbox; a
 // sandbox created with a policy reaches READY, its policy is version 1 and
 // the supervisor's report is stored on it: FAILED with the reason for the
-// sections it does not enforce, LOADED for a policy that asks for nothing
-// it cannot do. On the live sandbox only the network rules may change.
+// network rules (no egress proxy yet), LOADED for a policy of filesystem,
+// Landlock and process sections. On the live sandbox only the network
+// rules may change.
 func TestPolicyEndToEnd(t *testing.T) {
 	g := Start(t, Options{})
 	c := g.Client()
@@ -74,13 +74,9 @@ func TestPolicyEndToEnd(t *testing.T) {
 	if rev.GetVersion() != 1 || rev.GetStatus() != openshellv1.PolicyStatus_POLICY_STATUS_FAILED || !proto.Equal(rev.GetPolicy(), pol) {
 		t.Errorf("policy status of pol = version %d %v (policy %v), want version 1 FAILED with spec.policy", rev.GetVersion(), rev.GetStatus(), rev.GetPolicy())
 	}
-	for _, want := range []string{
-		"filesystem policy is not enforced by this supervisor",
-		"network policies are not enforced by this supervisor: there is no egress proxy (rules: github)",
-	} {
-		if !strings.Contains(rev.GetLoadError(), want) {
-			t.Errorf("load_error = %q, want it to contain %q", rev.GetLoadError(), want)
-		}
+	// The filesystem section is enforced (Landlock); only the network rules are not.
+	if want := "network policies are not enforced by this supervisor: there is no egress proxy (rules: github)"; rev.GetLoadError() != want {
+		t.Errorf("load_error = %q, want %q", rev.GetLoadError(), want)
 	}
 	if st.GetActiveVersion() != 0 {
 		t.Errorf("active_version = %d, want 0: no version was loaded", st.GetActiveVersion())
@@ -115,9 +111,19 @@ func TestPolicyEndToEnd(t *testing.T) {
 		t.Errorf("ListSandboxPolicies versions = %v, want [2 1]", versions)
 	}
 
-	// A policy whose sections are all empty asks for nothing: LOADED.
+	// A policy of sections the supervisor enforces (filesystem, Landlock,
+	// process) is LOADED and becomes the sandbox's current version.
 	if _, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "plain", Spec: &openshellv1.SandboxSpec{
-		Command: []string{"sleep", "infinity"}, Policy: &sandboxv1.SandboxPolicy{Version: 1},
+		Command: []string{"sleep", "infinity"}, Policy: &sandboxv1.SandboxPolicy{
+			Version: 1,
+			Filesystem: &sandboxv1.FilesystemPolicy{
+				IncludeWorkdir: true,
+				ReadOnly:       []string{"/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"},
+				ReadWrite:      []string{"/tmp"},
+			},
+			Landlock: &sandboxv1.LandlockPolicy{Compatibility: "best_effort"},
+			Process:  &sandboxv1.ProcessPolicy{RunAsUser: "sandbox", RunAsGroup: "sandbox"},
+		},
 	}}); err != nil {
 		t.Fatalf("CreateSandbox(plain): %v", err)
 	}
