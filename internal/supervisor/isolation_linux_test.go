@@ -2,7 +2,9 @@ package supervisor_test
 
 import (
 	"bytes"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -276,4 +278,70 @@ func TestPolicyStatusTruth(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBinaryPrivateNetwork runs the real binary the way the process driver
+// does, in a network namespace of its own (as host root and in a user
+// namespace): the agent has a working loopback and nothing else, neither
+// the host's loopback services nor any other address; the supervisor still
+// reaches the gateway through its unix socket.
+func TestBinaryPrivateNetwork(t *testing.T) {
+	host, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	go func() {
+		for {
+			c, err := host.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	for _, userns := range []bool{false, true} {
+		name := "host root"
+		if userns {
+			name = "user namespace"
+		}
+		t.Run(name, func(t *testing.T) {
+			s := startRootSandboxWith(t, rootOpts{userns: userns, policy: rootViewPolicy(nil), privateNet: true})
+			bin, err := os.ReadFile(isolationtest.EscapeBinary(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(s.work, "escape"), bin, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if out, errOut, code := s.sh(t, `/sandbox/escape loopback`); code != 0 || out != "works loopback\n" {
+				t.Errorf("loopback inside the sandbox: %q %q (exit %d)", out, errOut, code)
+			}
+			if out, _, _ := s.sh(t, `tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '`); out != "lo\n" {
+				t.Errorf("interfaces in the sandbox = %q, want lo only", out)
+			}
+			for _, target := range []string{host.Addr().String(), "192.0.2.1:80", "[2001:db8::1]:80"} {
+				if out, _, code := s.sh(t, `/sandbox/escape connect "$1"`, target); code != 1 || !strings.HasPrefix(out, "denied: ") {
+					t.Errorf("connect %s from the sandbox = %q (exit %d), want denied", target, out, code)
+				}
+			}
+		})
+	}
+	t.Run("refuses to start without a network namespace", func(t *testing.T) {
+		if os.Geteuid() != 0 {
+			skipOrFail(t, "needs root")
+		}
+		gw := relaytest.Start(t, relaytest.Options{})
+		cmd := exec.Command(supervisorBinary(t))
+		cmd.Env = []string{
+			"OPENSHELL_ENDPOINT=" + gw.Endpoint(),
+			"OPENSHELL_SANDBOX_ID=sb-nonet",
+			"OPENSHELL_SANDBOX_TOKEN=" + gw.AddSandbox("sb-nonet"),
+			"OPENSHELL_PRIVATE_NETWORK=true",
+		}
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "not in a network namespace of its own") {
+			t.Errorf("supervisor in the host network namespace = %v, %s; want a refusal", err, out)
+		}
+	})
 }

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -34,6 +35,49 @@ func setupNamespaces(cfg *Config) error {
 		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 			return fmt.Errorf("set hostname (needs a new uts namespace): %w", err)
 		}
+	}
+	if cfg.PrivateNetwork {
+		if err := setupLoopbackOnly(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setupLoopbackOnly brings up lo in the supervisor's network namespace and
+// checks that it is the only interface there: a namespace with any other
+// (the host's, or one a driver left a link in) would give the sandbox a
+// way out, so the supervisor refuses to start instead. The gateway stays
+// reachable through its unix socket, which no network namespace confines.
+func setupLoopbackOnly() error {
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return fmt.Errorf("list network interfaces: %w", err)
+	}
+	var others []string
+	for _, ifc := range ifaces {
+		if ifc.Name != "lo" {
+			others = append(others, ifc.Name)
+		}
+	}
+	if len(others) > 0 {
+		return fmt.Errorf("%s: the supervisor is not in a network namespace of its own (interfaces besides lo: %s)", EnvPrivateNetwork, strings.Join(others, ", "))
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("bring up lo: %w", err)
+	}
+	defer unix.Close(fd) //nolint:errcheck // a probe socket
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("read lo flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bring up lo (needs CAP_NET_ADMIN in the network namespace): %w", err)
 	}
 	return nil
 }

@@ -58,7 +58,7 @@ func TestBinaryFilesystemInUserNamespace(t *testing.T) {
 // cannot run as an unprivileged user. The supervisor stays up, reports the
 // policy FAILED with the reason, and refuses every agent process.
 func TestBinarySingleIDUserNamespace(t *testing.T) {
-	s := startRootSandboxWith(t, true, true, "", nil)
+	s := startRootSandboxWith(t, rootOpts{userns: true, singleID: true})
 	var st *openshellv1.ReportPolicyStatusRequest
 	s.gw.WaitFor(t, 10*time.Second, "policy status", func(g *relaytest.State) bool {
 		if len(g.Statuses()) == 0 {

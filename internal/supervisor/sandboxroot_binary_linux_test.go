@@ -34,7 +34,7 @@ type rootSandbox struct {
 // runs confined (its own user, Landlock write rules, seccomp).
 func startRootSandbox(t *testing.T, userns bool, image string) *rootSandbox {
 	t.Helper()
-	return startRootSandboxWith(t, userns, false, image, rootViewPolicy(nil))
+	return startRootSandboxWith(t, rootOpts{userns: userns, image: image, policy: rootViewPolicy(nil)})
 }
 
 // rootViewPolicy reads everything and writes the workspace, /tmp and rw.
@@ -44,13 +44,24 @@ func rootViewPolicy(rw []string) *sandboxv1.SandboxPolicy {
 	}}
 }
 
-// startRootSandboxWith is startRootSandbox with the choice of the user
-// namespace's id mapping, every id up to 65535 (root and the agent's user
-// mapped to themselves, setgroups allowed) or with singleID only root (as
-// an unprivileged gateway creates it), and of the policy (nil: the
-// supervisor seeds its default).
-func startRootSandboxWith(t *testing.T, userns, singleID bool, image string, policy *sandboxv1.SandboxPolicy) *rootSandbox {
+// rootOpts are the choices of startRootSandboxWith.
+type rootOpts struct {
+	userns bool
+	// singleID maps only root in the user namespace (as an unprivileged
+	// gateway does); otherwise every id up to 65535 maps to itself and
+	// setgroups is allowed.
+	singleID bool
+	image    string
+	policy   *sandboxv1.SandboxPolicy // nil: the supervisor seeds its default
+	// privateNet starts the supervisor in a network namespace of its own
+	// with OPENSHELL_PRIVATE_NETWORK, as the process driver does.
+	privateNet bool
+}
+
+// startRootSandboxWith is startRootSandbox with every choice explicit.
+func startRootSandboxWith(t *testing.T, o rootOpts) *rootSandbox {
 	t.Helper()
+	userns, singleID, image, policy := o.userns, o.singleID, o.image, o.policy
 	if os.Geteuid() != 0 {
 		skipOrFail(t, "needs root for namespaces")
 	}
@@ -93,6 +104,10 @@ func startRootSandboxWith(t *testing.T, userns, singleID bool, image string, pol
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
 		Pdeathsig:  syscall.SIGKILL,
+	}
+	if o.privateNet {
+		cmd.Env = append(cmd.Env, "OPENSHELL_PRIVATE_NETWORK=true")
+		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET
 	}
 	if userns {
 		ids := []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 65536}}
@@ -248,14 +263,14 @@ func TestSandboxImageLayer(t *testing.T) {
 			}
 			before := treeListing(t, image)
 			policy := rootViewPolicy([]string{"/data"})
-			a := startRootSandboxWith(t, userns, false, image, policy)
+			a := startRootSandboxWith(t, rootOpts{userns: userns, image: image, policy: policy})
 			if out, errOut, code := a.sh(t, `echo changed > /data/marker && echo new > /data/new-file && mkdir /data/opt2 && cat /data/marker /data/new-file`); code != 0 || out != "changed\nnew\n" {
 				t.Fatalf("write into the image root: %q %q (exit %d), want the writes in the sandbox's layer", out, errOut, code)
 			}
 			if got := treeListing(t, image); got != before {
 				t.Errorf("the image directory changed on the host:\nbefore %s\nafter  %s", before, got)
 			}
-			b := startRootSandboxWith(t, userns, false, image, policy)
+			b := startRootSandboxWith(t, rootOpts{userns: userns, image: image, policy: policy})
 			if out, _, _ := b.sh(t, `cat /data/marker; test -e /data/new-file && echo leaked; true`); out != "image\n" {
 				t.Errorf("second sandbox from the same image sees %q, want the image's own marker only", out)
 			}

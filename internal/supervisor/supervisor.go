@@ -81,6 +81,11 @@ type Config struct {
 	PrivateTmp  bool
 	Rootfs      string
 	RootfsLayer string
+	// PrivateNetwork: the driver started the supervisor in a network
+	// namespace of its own; the supervisor brings up loopback and refuses
+	// to start when it sees any other interface. The gateway must then be
+	// a unix:// endpoint (reachable from any network namespace).
+	PrivateNetwork bool
 
 	// ReapAll makes the supervisor reap every child it inherits (PID 1).
 	ReapAll bool
@@ -114,6 +119,7 @@ const (
 	EnvStartupTimeout = "OPENSHELL_STARTUP_TIMEOUT"
 	EnvHostname       = "OPENSHELL_SANDBOX_HOSTNAME"
 	EnvPrivateTmp     = "OPENSHELL_PRIVATE_TMP"
+	EnvPrivateNetwork = "OPENSHELL_PRIVATE_NETWORK"
 	EnvRootfs         = "OPENSHELL_ROOTFS"
 	EnvRootfsLayer    = "OPENSHELL_ROOTFS_LAYER"
 	EnvLogLevel       = "OPENSHELL_LOG_LEVEL"
@@ -152,6 +158,9 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		return c, err
 	}
 	if c.PrivateTmp, err = envBool(getenv, EnvPrivateTmp); err != nil {
+		return c, err
+	}
+	if c.PrivateNetwork, err = envBool(getenv, EnvPrivateNetwork); err != nil {
 		return c, err
 	}
 	if v := getenv(EnvStartupTimeout); v != "" {
@@ -194,6 +203,9 @@ func (c *Config) Validate() error {
 	}
 	if c.SandboxID == "" {
 		return fmt.Errorf("%s is required", EnvSandboxID)
+	}
+	if c.PrivateNetwork && !strings.HasPrefix(c.Endpoint, "unix://") {
+		return fmt.Errorf("%s needs a unix:// gateway endpoint (a private network namespace has loopback only), got %s", EnvPrivateNetwork, c.Endpoint)
 	}
 	if c.Rootfs != "" && c.RootfsLayer == "" {
 		return fmt.Errorf("%s is required with %s (the image itself is never written)", EnvRootfsLayer, EnvRootfs)
@@ -422,6 +434,7 @@ Compute drivers start it with no arguments and this environment:
                              private /tmp and /dev, workspace at /sandbox (own mount namespace)
   `+EnvRootfs+`           local root filesystem image to pivot into instead (read-only lower layer)
   `+EnvRootfsLayer+`     directory holding the image's per-sandbox writable layer (required with `+EnvRootfs+`)
+  `+EnvPrivateNetwork+`  "true": own network namespace, loopback only (needs a unix:// endpoint)
   `+EnvLogLevel+`        log level (trace, debug, info, warn, error)
 
 Flags:

@@ -79,6 +79,11 @@ func parseConfig(cfg map[string]any, deps compute.FactoryDeps) (config, error) {
 	if c.endpoint == "" {
 		return c, fmt.Errorf("process driver: the gateway callback endpoint for sandboxes is required: %w", errdefs.ErrInvalidArgument)
 	}
+	if !strings.HasPrefix(c.endpoint, "unix://") {
+		// Sandboxes have a network namespace with loopback only; a unix
+		// socket is the one way to the gateway that reaches into it.
+		return c, fmt.Errorf("process driver: sandboxes have no network but their own loopback, so the gateway callback endpoint must be a unix:// socket, got %q: %w", c.endpoint, errdefs.ErrInvalidArgument)
+	}
 	if c.stateDir == "" {
 		return c, fmt.Errorf("process driver: state directory is required: %w", errdefs.ErrInvalidArgument)
 	}

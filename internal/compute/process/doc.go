@@ -3,8 +3,12 @@
 //
 // # Isolation
 //
-// The supervisor is started in new pid, mount, uts and ipc namespaces
-// (clone flags), in its own process group. The new mount namespace
+// The supervisor is started in new pid, mount, uts, ipc and network
+// namespaces (clone flags), in its own process group. The network
+// namespace has nothing but its loopback interface: no egress at all (the
+// egress proxy path does not exist yet), and the supervisor reaches the
+// gateway through the gateway's unix callback socket, which is why the
+// driver refuses any other callback endpoint. The new mount namespace
 // inherits the host's propagation, so the supervisor must make /
 // recursively private before it mounts anything (see the contract
 // below). When the gateway does not run as root it also gets a new user
@@ -51,7 +55,7 @@
 //
 //	OPENSHELL_SANDBOX_ID          sandbox id
 //	OPENSHELL_SANDBOX_NAME        sandbox name
-//	OPENSHELL_ENDPOINT            gateway callback endpoint ("unix:///path" or "http://127.0.0.1:17670")
+//	OPENSHELL_ENDPOINT            gateway callback endpoint ("unix:///path"; nothing else reaches a sandbox)
 //	OPENSHELL_SANDBOX_TOKEN_FILE  path of the 0600 file holding the sandbox JWT (unset when no token)
 //	OPENSHELL_SANDBOX_COMMAND     JSON array: the main process argv (empty array: supervisor default)
 //	OPENSHELL_SANDBOX_TTY         "true" or "false"
@@ -69,6 +73,8 @@
 //	                              the sandbox mounts reaches the host; then build the
 //	                              sandbox's own root and pivot into it (below)
 //	OPENSHELL_SANDBOX_HOSTNAME    sethostname(2) to the sandbox name (its own uts namespace)
+//	OPENSHELL_PRIVATE_NETWORK     "true" (always): bring up lo in its own network namespace and
+//	                              refuse to start if any other interface is there
 //	OPENSHELL_ROOTFS              set only for a local rootfs image: the root is the image
 //	OPENSHELL_ROOTFS_LAYER        with OPENSHELL_ROOTFS: <state_dir>/sandboxes/<id>/rootfs-layer,
 //	                              the image's per-sandbox writable layer

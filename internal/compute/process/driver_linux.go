@@ -333,7 +333,7 @@ func (d *Driver) sysProcAttr() *syscall.SysProcAttr {
 		// remounts / rprivate, which costs ~2 ms per sandbox on a host
 		// with many mounts. The supervisor makes / rprivate itself before
 		// its first mount (OPENSHELL_SANDBOX_* contract in doc.go).
-		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
+		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
 		Setpgid:    true,
 	}
 	if unprivileged() {
@@ -358,9 +358,9 @@ func (d *Driver) checkNamespaces() error {
 		if err == nil || errors.Is(err, os.ErrNotExist) {
 			return
 		}
-		what := "pid, mount, uts and ipc namespaces"
+		what := "pid, mount, uts, ipc and network namespaces"
 		if unprivileged() {
-			what = "a user namespace (with pid, mount, uts and ipc namespaces)"
+			what = "a user namespace (with pid, mount, uts, ipc and network namespaces)"
 		}
 		d.nsErr = errdefs.FailedPrecondition(fmt.Sprintf("process driver cannot create %s on this host: %v", what, err))
 	})
@@ -553,6 +553,7 @@ func (d *Driver) environ(sb *sandbox, rootfs string) []string {
 	env["OPENSHELL_INSTANCE_ID"] = sb.rec.InstanceID
 	env["OPENSHELL_SANDBOX_HOSTNAME"] = sb.rec.Name
 	env["OPENSHELL_PRIVATE_TMP"] = "true"
+	env["OPENSHELL_PRIVATE_NETWORK"] = "true"
 	for _, k := range []string{"OPENSHELL_SANDBOX_TOKEN", "OPENSHELL_SANDBOX_TOKEN_FILE", "OPENSHELL_ROOTFS", "OPENSHELL_ROOTFS_LAYER"} {
 		delete(env, k) // only the driver sets these
 	}

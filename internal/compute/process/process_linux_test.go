@@ -58,7 +58,7 @@ func testLogger(t testing.TB) *slog.Logger {
 // create the sandbox namespaces.
 func requireNamespaces(t testing.TB) {
 	t.Helper()
-	d, err := process.Open(map[string]any{"supervisor_path": fakeSupervisor}, compute.FactoryDeps{StateDir: t.TempDir(), GatewayEndpoint: "http://127.0.0.1:17670"})
+	d, err := process.Open(map[string]any{"supervisor_path": fakeSupervisor}, compute.FactoryDeps{StateDir: t.TempDir(), GatewayEndpoint: "unix:///run/openshell/sandbox.sock"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func open(t testing.TB, stateDir string, cfg map[string]any) *process.Driver {
 		c[k] = v
 	}
 	d, err := process.Open(c, compute.FactoryDeps{
-		Logger: testLogger(t), StateDir: stateDir, GatewayEndpoint: "http://127.0.0.1:17670",
+		Logger: testLogger(t), StateDir: stateDir, GatewayEndpoint: "unix:///run/openshell/sandbox.sock",
 	})
 	if err != nil {
 		t.Fatalf("process.Open() error = %v", err)
@@ -320,7 +320,8 @@ func TestSupervisorContract(t *testing.T) {
 	want := map[string]string{
 		"OPENSHELL_SANDBOX_ID":         sb.ID,
 		"OPENSHELL_SANDBOX_NAME":       "contract",
-		"OPENSHELL_ENDPOINT":           "http://127.0.0.1:17670",
+		"OPENSHELL_ENDPOINT":           "unix:///run/openshell/sandbox.sock",
+		"OPENSHELL_PRIVATE_NETWORK":    "true",
 		"OPENSHELL_SANDBOX_TOKEN_FILE": filepath.Join(state, "sandboxes", sb.ID, "token"),
 		"OPENSHELL_SANDBOX_COMMAND":    `["/bin/sh","-c","echo hi"]`,
 		"OPENSHELL_SANDBOX_TTY":        "false",
@@ -355,6 +356,12 @@ func TestSupervisorContract(t *testing.T) {
 	}
 	if h, _ := os.Hostname(); h == "contract" {
 		t.Errorf("host hostname changed to the sandbox name: uts namespace not private")
+	}
+	if host, _ := os.Readlink("/proc/self/ns/net"); r["net_ns"] == "" || r["net_ns"] == host {
+		t.Errorf("supervisor network namespace = %v, host's %s: want one of its own", r["net_ns"], host)
+	}
+	if ifs := fmt.Sprint(r["interfaces"]); ifs != "[lo]" {
+		t.Errorf("supervisor sees interfaces %s, want only [lo]", ifs)
 	}
 	if r["cwd"] != ws {
 		t.Errorf("supervisor cwd = %v, want %s", r["cwd"], ws)
@@ -883,8 +890,9 @@ func TestOpenConfigErrors(t *testing.T) {
 		{"grace not a number", map[string]any{"stop_grace_secs": "10"}, deps},
 		{"grace negative", map[string]any{"stop_grace_secs": -1}, deps},
 		{"relative cgroup root", map[string]any{"cgroup_root": "sys/fs/cgroup"}, deps},
-		{"no state dir", nil, compute.FactoryDeps{GatewayEndpoint: "http://127.0.0.1:17670"}},
+		{"no state dir", nil, compute.FactoryDeps{GatewayEndpoint: "unix:///run/openshell/sandbox.sock"}},
 		{"no endpoint", nil, compute.FactoryDeps{StateDir: t.TempDir()}},
+		{"tcp endpoint (sandboxes have loopback only)", nil, compute.FactoryDeps{StateDir: t.TempDir(), GatewayEndpoint: "http://127.0.0.1:17670"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

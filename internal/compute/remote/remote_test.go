@@ -91,7 +91,7 @@ func TestProcessConformanceOverSocket(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("the process driver needs Linux")
 	}
-	probe, err := process.New(map[string]any{"supervisor_path": fakeSupervisor}, compute.FactoryDeps{StateDir: t.TempDir(), GatewayEndpoint: "http://127.0.0.1:17670"})
+	probe, err := process.New(map[string]any{"supervisor_path": fakeSupervisor}, compute.FactoryDeps{StateDir: t.TempDir(), GatewayEndpoint: "unix:///run/openshell/sandbox.sock"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestProcessConformanceOverSocket(t *testing.T) {
 	}
 	computetest.Run(t, func(t *testing.T) compute.Driver {
 		d, err := process.New(map[string]any{"supervisor_path": fakeSupervisor, "stop_grace_secs": 5},
-			compute.FactoryDeps{Logger: testLogger(t), StateDir: t.TempDir(), GatewayEndpoint: "http://127.0.0.1:17670"})
+			compute.FactoryDeps{Logger: testLogger(t), StateDir: t.TempDir(), GatewayEndpoint: "unix:///run/openshell/sandbox.sock"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,6 +8,7 @@ package main
 
 import (
 	"encoding/json"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -26,6 +27,8 @@ type report struct {
 	TokenMode   string            `json:"token_mode"`
 	TokenLen    int               `json:"token_len"`
 	HostnameErr string            `json:"hostname_err,omitempty"`
+	NetNS       string            `json:"net_ns"`     // readlink /proc/self/ns/net
+	Interfaces  []string          `json:"interfaces"` // names of the network interfaces it sees
 }
 
 func main() {
@@ -42,6 +45,12 @@ func main() {
 		}
 	}
 	r.Hostname, _ = os.Hostname()
+	r.NetNS, _ = os.Readlink("/proc/self/ns/net")
+	if ifs, err := net.Interfaces(); err == nil {
+		for _, i := range ifs {
+			r.Interfaces = append(r.Interfaces, i.Name)
+		}
+	}
 	r.Cwd, _ = os.Getwd()
 	for _, kv := range os.Environ() {
 		k, v, _ := strings.Cut(kv, "=")

@@ -6,11 +6,13 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -60,6 +62,24 @@ func main() {
 		err = socket(unix.AF_INET, unix.SOCK_DGRAM, unix.IPPROTO_ICMP)
 	case "tcp-socket":
 		err = socket(unix.AF_INET, unix.SOCK_STREAM, 0)
+	case "connect":
+		var c net.Conn
+		if c, err = net.DialTimeout("tcp", arg(1), 3*time.Second); err == nil {
+			c.Close()
+		}
+	case "loopback":
+		// A positive: loopback inside the sandbox works.
+		l, lerr := net.Listen("tcp", "127.0.0.1:0")
+		if lerr == nil {
+			var c net.Conn
+			if c, lerr = net.Dial("tcp", l.Addr().String()); lerr == nil {
+				c.Close()
+				fmt.Println("works loopback")
+				os.Exit(0)
+			}
+		}
+		fmt.Printf("broken: %v\n", lerr)
+		os.Exit(1)
 	case "kill":
 		err = unix.Kill(pid(1), unix.SIGKILL)
 	case "signal0":
