@@ -38,8 +38,9 @@ const (
 // every driver-side rejection (adoption disabled, namespace not accepted,
 // workload not found, ambiguous agent container, conflicts, service
 // account) happens before a row is persisted or a token minted. Then the
-// token is minted, the row persisted as PROVISIONING (MustCreate) and the
-// driver writes the workload. A driver failure that left the workload
+// token is minted, the sandbox's gate taken, the row persisted as
+// PROVISIONING (MustCreate), the workspace checked again (see
+// Options.WorkspaceAccepts) and the driver writes the workload. A driver failure that left the workload
 // untouched removes the row again. The driver restarts the pod under the
 // supervisor, so a successful adoption returns the sandbox STARTING (READY
 // once the supervisor connects); a workload the user had suspended is
@@ -117,14 +118,11 @@ func (e *Engine) Adopt(ctx context.Context, req *openshellv1.AdoptSandboxRequest
 		areq.Sandbox.Spec.SandboxToken = tok
 	}
 	setReadyCondition(sb.Status, &openshellv1.SandboxCondition{Type: compute.ConditionReady, Status: "False", Reason: "Provisioning", Message: "Adopting the existing sandbox"}, now)
-	if err := e.store.CreateSandbox(ctx, sb); err != nil {
-		if errors.Is(err, errdefs.ErrAlreadyExists) {
-			return nil, errdefs.AlreadyExists(fmt.Sprintf("sandbox %q already exists in workspace %q", name, ws))
-		}
+	g := e.lock(id)
+	defer e.unlock(ctx, id, g)
+	if err := e.insert(ctx, sb); err != nil {
 		return nil, err
 	}
-	unlock := e.gate(id)
-	defer unlock()
 	areq.DryRun = false
 	res, err := adopter.Adopt(ctx, areq)
 	if err != nil {
@@ -191,8 +189,8 @@ func (e *Engine) adoptExisting(ctx context.Context, adopter compute.Adopter, req
 	if !req.GetReenrich() {
 		return sb, nil
 	}
-	unlock := e.gate(id)
-	defer unlock()
+	g := e.lock(id)
+	defer e.unlock(ctx, id, g)
 	if sb.GetStatus().GetPhase() == openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING {
 		return nil, errdefs.FailedPrecondition(fmt.Sprintf("sandbox %q is being deleted", name))
 	}
@@ -219,9 +217,8 @@ func (e *Engine) adoptExisting(ctx context.Context, adopter compute.Adopter, req
 	}); err != nil {
 		return nil, err
 	}
-	e.stateMu.Lock()
-	oldSession, hadSession := e.sessions[id]
-	e.stateMu.Unlock()
+	before, _ := e.state(id)
+	oldSession, hadSession := before.instance, before.connected
 	areq.DryRun, areq.Reenrich = false, true
 	res, err = adopter.Adopt(ctx, areq)
 	if err != nil {
@@ -236,11 +233,11 @@ func (e *Engine) adoptExisting(ctx context.Context, adopter compute.Adopter, req
 	// reported yet. Left in place it would compose READY, and the
 	// restart's queued suspended snapshots would then read as a stop.
 	if hadSession {
-		e.stateMu.Lock()
-		if cur, ok := e.sessions[id]; ok && cur == oldSession {
-			delete(e.sessions, id)
-		}
-		e.stateMu.Unlock()
+		e.update(id, func(st *sandboxState) {
+			if st.connected && st.instance == oldSession {
+				st.connected, st.instance = false, ""
+			}
+		})
 	}
 	e.log.Info("sandbox re-enriched", "sandbox_id", id, "name", name, "workspace", ws, "backend_uid", res.BackendUID)
 	e.hub.publish(id, Update{Platform: adoptEvent(ReasonReenriched, res, e.now().UnixMilli())})
@@ -265,7 +262,7 @@ func (e *Engine) compensateAdopt(ctx context.Context, sb *openshellv1.Sandbox, c
 			return
 		}
 	}
-	if err := e.store.DeleteSandbox(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	if err := e.dropRow(ctx, id); err != nil {
 		e.log.Error("cleanup after failed adoption: store delete", "sandbox_id", id, "err", err)
 	}
 }

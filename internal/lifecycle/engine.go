@@ -25,13 +25,15 @@ const DefaultWorkspace = "default"
 // conditional: Create fails with AlreadyExists when the id or
 // (workspace, name) is taken; Update is a compare-and-swap on
 // metadata.resource_version (Conflict otherwise) and stores the new version
-// back into the message.
+// back into the message; Delete removes the row only at expectedRV
+// (Conflict otherwise, NotFound when it is gone) together with every
+// record scoped to the sandbox.
 type Store interface {
 	CreateSandbox(ctx context.Context, sb *openshellv1.Sandbox) error
 	GetSandbox(ctx context.Context, id string) (*openshellv1.Sandbox, error)
 	GetSandboxByName(ctx context.Context, workspace, name string) (*openshellv1.Sandbox, error)
 	UpdateSandbox(ctx context.Context, sb *openshellv1.Sandbox) error
-	DeleteSandbox(ctx context.Context, id string) error
+	DeleteSandbox(ctx context.Context, id string, expectedRV uint64) error
 	ListSandboxes(ctx context.Context, opts ListOptions) ([]*openshellv1.Sandbox, error)
 }
 
@@ -58,7 +60,14 @@ type Options struct {
 	// ProviderExists reports NotFound for unknown providers; nil means no
 	// provider exists yet.
 	ProviderExists func(ctx context.Context, workspace, name string) error
-	Logger         *slog.Logger
+	// WorkspaceAccepts, when set, is asked whether a workspace still takes
+	// new sandboxes. Create and Adopt ask it after the new row is inserted
+	// (under the sandbox's gate): a workspace being deleted marks itself
+	// TERMINATING before it counts its sandboxes, so either the count sees
+	// the row or this check sees TERMINATING. A refusal removes the row
+	// before the driver is involved and fails the call FailedPrecondition.
+	WorkspaceAccepts func(ctx context.Context, workspace string) error
+	Logger           *slog.Logger
 	Now            func() time.Time
 }
 
@@ -72,16 +81,16 @@ type Engine struct {
 	driverName string
 	issuer     TokenIssuer
 	providers  func(ctx context.Context, workspace, name string) error
+	workspaces func(ctx context.Context, workspace string) error
 	log        *slog.Logger
 	now        func() time.Time
 	hub        *hub
 
 	gateMu sync.Mutex
-	gates  map[string]*sync.Mutex
+	gates  map[string]*gate // sandboxes someone holds or awaits the gate of
 
-	stateMu  sync.Mutex
-	backends map[string]backendView
-	sessions map[string]string // sandbox id → connected supervisor instance id
+	stateMu sync.Mutex
+	states  map[string]*sandboxState // sandboxes whose row exists; written under their gate
 
 	defaultImage string
 	manages      bool
@@ -108,26 +117,14 @@ func New(ctx context.Context, o Options) (*Engine, error) {
 	}
 	return &Engine{
 		store: o.Store, driver: o.Driver, driverName: name, issuer: o.Issuer, providers: o.ProviderExists,
-		log: o.Logger.With("component", "lifecycle"), now: o.Now, hub: newHub(),
-		gates: map[string]*sync.Mutex{}, backends: map[string]backendView{}, sessions: map[string]string{},
+		workspaces: o.WorkspaceAccepts, log: o.Logger.With("component", "lifecycle"), now: o.Now, hub: newHub(),
+		gates: map[string]*gate{}, states: map[string]*sandboxState{},
 		defaultImage: caps.DefaultImage, manages: caps.GatewayManagesLifecycle,
 	}, nil
 }
 
 // DriverName is the active driver's name.
 func (e *Engine) DriverName() string { return e.driverName }
-
-func (e *Engine) gate(id string) func() {
-	e.gateMu.Lock()
-	g := e.gates[id]
-	if g == nil {
-		g = &sync.Mutex{}
-		e.gates[id] = g
-	}
-	e.gateMu.Unlock()
-	g.Lock()
-	return g.Unlock
-}
 
 // NormalizeWorkspace maps "" to the default workspace.
 func NormalizeWorkspace(ws string) string {
@@ -139,7 +136,10 @@ func NormalizeWorkspace(ws string) string {
 
 // Create validates, persists and starts a sandbox, in OpenShell's order:
 // validation, providers, driver validation (before anything is persisted or
-// minted), token, MustCreate as PROVISIONING, driver create. A driver
+// minted), token, MustCreate as PROVISIONING, driver create. The sandbox's
+// gate is taken before the row is inserted, so no other operation sees the
+// row before the driver has been asked. The workspace is checked again
+// after the insert (see Options.WorkspaceAccepts). A refusal or a driver
 // failure removes the row again.
 func (e *Engine) Create(ctx context.Context, req *openshellv1.CreateSandboxRequest) (*openshellv1.Sandbox, error) {
 	if err := ValidateCreateRequest(req); err != nil {
@@ -195,14 +195,12 @@ func (e *Engine) Create(ctx context.Context, req *openshellv1.CreateSandboxReque
 		dsb.Spec.SandboxToken = tok
 	}
 	setReadyCondition(sb.Status, &openshellv1.SandboxCondition{Type: compute.ConditionReady, Status: "False", Reason: "Provisioning", Message: "Creating the sandbox"}, now)
-	if err := e.store.CreateSandbox(ctx, sb); err != nil {
-		if errors.Is(err, errdefs.ErrAlreadyExists) {
-			return nil, errdefs.AlreadyExists(fmt.Sprintf("sandbox %q already exists in workspace %q", name, ws))
-		}
+	id := sb.Metadata.Id
+	g := e.lock(id)
+	defer e.unlock(ctx, id, g)
+	if err := e.insert(ctx, sb); err != nil {
 		return nil, err
 	}
-	unlock := e.gate(sb.Metadata.Id)
-	defer unlock()
 	// Backend scope for the workspace (a namespace in the kubernetes
 	// driver's managed mode); idempotent, a no-op for other drivers.
 	err = compute.EnsureWorkspace(ctx, e.driver, ws)
@@ -214,8 +212,8 @@ func (e *Engine) Create(ctx context.Context, req *openshellv1.CreateSandboxReque
 		if _, derr := e.driver.Delete(context.WithoutCancel(ctx), compute.Ref{ID: sb.Metadata.Id, Name: name}); derr != nil {
 			e.log.Warn("cleanup after failed create: driver delete", "sandbox_id", sb.Metadata.Id, "err", derr)
 		}
-		if derr := e.store.DeleteSandbox(context.WithoutCancel(ctx), sb.Metadata.Id); derr != nil {
-			e.log.Error("cleanup after failed create: store delete", "sandbox_id", sb.Metadata.Id, "err", derr)
+		if derr := e.dropRow(context.WithoutCancel(ctx), id); derr != nil {
+			e.log.Error("cleanup after failed create: store delete", "sandbox_id", id, "err", derr)
 		}
 		return nil, driverError("create sandbox", err)
 	}
@@ -229,6 +227,37 @@ func (e *Engine) Create(ctx context.Context, req *openshellv1.CreateSandboxReque
 		}
 	}
 	return sb, nil
+}
+
+// insert persists a new sandbox row (the caller holds its gate) and admits
+// it to its workspace: when the workspace no longer accepts sandboxes the
+// row is removed again and the error is FailedPrecondition.
+func (e *Engine) insert(ctx context.Context, sb *openshellv1.Sandbox) error {
+	id, name, ws := sb.GetMetadata().GetId(), sb.GetMetadata().GetName(), sb.GetMetadata().GetWorkspace()
+	if err := e.store.CreateSandbox(ctx, sb); err != nil {
+		if errors.Is(err, errdefs.ErrAlreadyExists) {
+			return errdefs.AlreadyExists(fmt.Sprintf("sandbox %q already exists in workspace %q", name, ws))
+		}
+		return err
+	}
+	e.track(id)
+	if e.workspaces == nil {
+		return nil
+	}
+	err := e.workspaces(ctx, ws)
+	if err == nil {
+		return nil
+	}
+	if derr := e.dropRow(context.WithoutCancel(ctx), id); derr != nil {
+		e.log.Error("cleanup after refused workspace: store delete", "sandbox_id", id, "err", derr)
+	}
+	switch {
+	case errors.Is(err, errdefs.ErrFailedPrecondition):
+		return err
+	case errors.Is(err, errdefs.ErrNotFound):
+		return errdefs.FailedPrecondition(fmt.Sprintf("workspace %q was deleted", ws))
+	}
+	return fmt.Errorf("check workspace %q: %w", ws, err)
 }
 
 func (e *Engine) providerExists(ctx context.Context, ws, name string) error {
@@ -373,8 +402,8 @@ func (e *Engine) Delete(ctx context.Context, workspace, name string) (bool, erro
 		return false, err
 	}
 	id := sb.GetMetadata().GetId()
-	unlock := e.gate(id)
-	defer unlock()
+	g := e.lock(id)
+	defer e.unlock(ctx, id, g)
 	sb, err = e.mutate(ctx, id, func(sb *openshellv1.Sandbox) bool {
 		if sb.Status.Phase == openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING {
 			return false
@@ -384,39 +413,86 @@ func (e *Engine) Delete(ctx context.Context, workspace, name string) (bool, erro
 		setReadyCondition(sb.Status, &openshellv1.SandboxCondition{Type: compute.ConditionReady, Status: "False", Reason: "Deleting", Message: "Sandbox is being deleted"}, e.now())
 		return true
 	})
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return false, errdefs.NotFound(fmt.Sprintf("sandbox %q not found in workspace %q", name, NormalizeWorkspace(workspace)))
+	}
 	if err != nil {
 		return false, err
 	}
 	return true, e.finishDelete(ctx, sb)
 }
 
+// finishDelete deletes the backend of a DELETING sandbox and removes the
+// row once the backend is gone. Call under the sandbox's gate.
 func (e *Engine) finishDelete(ctx context.Context, sb *openshellv1.Sandbox) error {
 	id, name := sb.GetMetadata().GetId(), sb.GetMetadata().GetName()
 	if _, err := e.driver.Delete(ctx, compute.Ref{ID: id, Name: name}); err != nil {
 		return fmt.Errorf("delete sandbox %q: %w", name, err)
 	}
 	if _, err := e.driver.Get(ctx, compute.Ref{ID: id, Name: name}); errors.Is(err, errdefs.ErrNotFound) {
-		e.removeRow(ctx, id)
+		e.removeRow(ctx, id, isDeleting)
 	}
 	return nil
 }
 
-func (e *Engine) removeRow(ctx context.Context, id string) {
-	sb, err := e.store.GetSandbox(ctx, id)
+func isDeleting(sb *openshellv1.Sandbox) bool {
+	return sb.GetStatus().GetPhase() == openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING
+}
+
+// removeRow removes the row of a sandbox that is gone when cond holds for
+// it, and tells watchers. Call under the sandbox's gate.
+func (e *Engine) removeRow(ctx context.Context, id string, cond func(*openshellv1.Sandbox) bool) {
+	sb, err := e.removeIf(ctx, id, cond)
 	if err != nil {
-		return
-	}
-	if err := e.store.DeleteSandbox(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		e.log.Error("remove sandbox row", "sandbox_id", id, "err", err)
 		return
 	}
-	e.stateMu.Lock()
-	delete(e.backends, id)
-	delete(e.sessions, id)
-	e.stateMu.Unlock()
+	if sb == nil {
+		return
+	}
 	e.log.Info("sandbox deleted", "sandbox_id", id, "name", sb.GetMetadata().GetName())
 	sb.Status.Phase = openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING
 	e.hub.publish(id, Update{Sandbox: sb, Deleted: true})
+}
+
+// dropRow removes the row of a sandbox whose create or adoption failed.
+// Call under the sandbox's gate.
+func (e *Engine) dropRow(ctx context.Context, id string) error {
+	_, err := e.removeIf(ctx, id, nil)
+	return err
+}
+
+// removeIf deletes id's row when cond (nil: always) holds for it, on the
+// condition that the row is still the version read: a concurrent change
+// (another replica) makes it read again and decide again, a few times,
+// then the conflict is returned (Aborted). It returns the removed row, or
+// nil when there was none or cond refused it. Call under id's gate.
+func (e *Engine) removeIf(ctx context.Context, id string, cond func(*openshellv1.Sandbox) bool) (*openshellv1.Sandbox, error) {
+	for attempt := 0; ; attempt++ {
+		sb, err := e.store.GetSandbox(ctx, id)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			e.forget(id)
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if cond != nil && !cond(sb) {
+			return nil, nil
+		}
+		err = e.store.DeleteSandbox(ctx, id, sb.GetMetadata().GetResourceVersion())
+		switch {
+		case err == nil:
+			e.forget(id)
+			return sb, nil
+		case errors.Is(err, errdefs.ErrNotFound):
+			e.forget(id)
+			return nil, nil
+		case errors.Is(err, errdefs.ErrConflict) && attempt < maxCASAttempts:
+			continue
+		}
+		return nil, err
+	}
 }
 
 // Stop persists STOPPING, then stops the backend. Idempotent.
@@ -426,8 +502,8 @@ func (e *Engine) Stop(ctx context.Context, workspace, name string) (*openshellv1
 		return nil, err
 	}
 	id := sb.GetMetadata().GetId()
-	unlock := e.gate(id)
-	defer unlock()
+	g := e.lock(id)
+	defer e.unlock(ctx, id, g)
 	var refuse error
 	sb, err = e.mutate(ctx, id, func(sb *openshellv1.Sandbox) bool {
 		switch sb.Status.Phase {
@@ -464,8 +540,8 @@ func (e *Engine) Start(ctx context.Context, workspace, name string) (*openshellv
 		return nil, err
 	}
 	id := sb.GetMetadata().GetId()
-	unlock := e.gate(id)
-	defer unlock()
+	g := e.lock(id)
+	defer e.unlock(ctx, id, g)
 	var refuse error
 	changed := false
 	sb, err = e.mutate(ctx, id, func(sb *openshellv1.Sandbox) bool {
@@ -508,21 +584,24 @@ func (e *Engine) refreshBackend(ctx context.Context, sb *openshellv1.Sandbox) {
 	}
 }
 
-func (e *Engine) setBackend(id string, b backendView) {
-	e.stateMu.Lock()
-	e.backends[id] = b
-	e.stateMu.Unlock()
-}
+// maxCASAttempts bounds the retries of a conditional write that keeps
+// meeting concurrent changes.
+const maxCASAttempts = 8
 
 // mutate applies fn to the current row and writes it with CAS, retrying a
 // few times on conflicts with a fresh read. fn returns false to skip the
-// write (the current row is returned).
+// write (the current row is returned). Call under id's gate: fn may read
+// the engine's state of id, which only changes under the gate.
 func (e *Engine) mutate(ctx context.Context, id string, fn func(*openshellv1.Sandbox) bool) (*openshellv1.Sandbox, error) {
 	for attempt := 0; ; attempt++ {
 		sb, err := e.store.GetSandbox(ctx, id)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			e.forget(id)
+		}
 		if err != nil {
 			return nil, err
 		}
+		e.track(id)
 		if sb.Status == nil {
 			sb.Status = &openshellv1.SandboxStatus{}
 		}
@@ -534,21 +613,20 @@ func (e *Engine) mutate(ctx context.Context, id string, fn func(*openshellv1.San
 			e.hub.publish(id, Update{Sandbox: sb})
 			return sb, nil
 		}
-		if !errors.Is(err, errdefs.ErrConflict) || attempt >= 8 {
+		if !errors.Is(err, errdefs.ErrConflict) || attempt >= maxCASAttempts {
 			return nil, err
 		}
 	}
 }
 
 // recompose recomputes the phase of one sandbox from what the engine knows
-// and persists it when it changed.
+// and persists it when it changed. The backend and session state are read
+// inside the compare-and-swap retry, so a retried write never carries an
+// older view than the one it replaces. Call under id's gate.
 func (e *Engine) recompose(ctx context.Context, id string) (*openshellv1.Sandbox, error) {
-	e.stateMu.Lock()
-	b := e.backends[id]
-	_, session := e.sessions[id]
-	instance := e.sessions[id]
-	e.stateMu.Unlock()
 	return e.mutate(ctx, id, func(sb *openshellv1.Sandbox) bool {
+		st, _ := e.state(id)
+		b, session, instance := st.backend, st.connected, st.instance
 		phase, cond := composePhase(sb.Status.Phase, b, session)
 		changed := phase != sb.Status.Phase
 		sb.Status.Phase = phase
@@ -568,31 +646,53 @@ func (e *Engine) recompose(ctx context.Context, id string) (*openshellv1.Sandbox
 }
 
 // SetCurrentPolicyVersion records in the sandbox's status that its
-// supervisor loaded policy version v, and tells watchers.
+// supervisor loaded policy version v, and tells watchers. The write goes
+// through the sandbox's gate without waiting for it (see post): while an
+// operation holds the gate it is applied when that operation ends, and the
+// call returns nil.
 func (e *Engine) SetCurrentPolicyVersion(ctx context.Context, sandboxID string, v uint32) error {
-	_, err := e.mutate(ctx, sandboxID, func(sb *openshellv1.Sandbox) bool {
-		if sb.Status.CurrentPolicyVersion == v {
-			return false
-		}
-		sb.Status.CurrentPolicyVersion = v
-		return true
+	return e.post(ctx, sandboxID, func(ctx context.Context) error {
+		_, err := e.mutate(ctx, sandboxID, func(sb *openshellv1.Sandbox) bool {
+			if sb.Status.CurrentPolicyVersion == v {
+				return false
+			}
+			sb.Status.CurrentPolicyVersion = v
+			return true
+		})
+		return err
 	})
-	return err
 }
 
 // SessionChanged is the supervisor-presence hook: the relay calls it when a
-// supervisor session for sandboxID connects or ends.
+// supervisor session for sandboxID connects or ends. The change goes
+// through the sandbox's gate without waiting for it (see post), so the
+// relay is never held up by a long operation; a session of a sandbox
+// without a row is ignored.
 func (e *Engine) SessionChanged(ctx context.Context, sandboxID string, connected bool, instanceID string) {
-	e.stateMu.Lock()
-	if connected {
-		e.sessions[sandboxID] = instanceID
-	} else {
-		delete(e.sessions, sandboxID)
-	}
-	e.stateMu.Unlock()
-	if _, err := e.recompose(ctx, sandboxID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	err := e.post(ctx, sandboxID, func(ctx context.Context) error {
+		return e.observe(ctx, sandboxID, func(st *sandboxState) {
+			st.connected, st.instance = connected, instanceID
+			if !connected {
+				st.instance = ""
+			}
+		})
+	})
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		e.log.Warn("compose phase after session change", "sandbox_id", sandboxID, "err", err)
 	}
+}
+
+// observe records a change in what the engine knows about id (backend or
+// session) and composes the phase again. A sandbox without a row is left
+// alone and not tracked. Call under id's gate.
+func (e *Engine) observe(ctx context.Context, id string, change func(*sandboxState)) error {
+	ok, err := e.known(ctx, id)
+	if err != nil || !ok {
+		return err
+	}
+	e.update(id, change)
+	_, err = e.recompose(ctx, id)
+	return err
 }
 
 // SandboxExists reports NotFound when no row exists for id.
@@ -613,10 +713,36 @@ func (e *Engine) ReportMainProcessExit(ctx context.Context, sandboxID, instanceI
 	if instanceID == "" {
 		return errdefs.InvalidArgument("instance_id is required")
 	}
+	sb, err := e.store.GetSandbox(ctx, sandboxID)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return errdefs.NotFound("sandbox not found")
+	}
+	if err != nil {
+		return err
+	}
+	if err := staleInstance(sb, instanceID); err != nil {
+		return err
+	}
+	// Through the gate without waiting: the supervisor reports its exit
+	// while a stop holding the gate waits for that very supervisor.
+	return e.post(ctx, sandboxID, func(ctx context.Context) error {
+		return e.recordExit(ctx, sandboxID, instanceID, exitCode)
+	})
+}
+
+func staleInstance(sb *openshellv1.Sandbox, instanceID string) error {
+	if cur := sb.GetStatus().GetMainProcessInstanceId(); cur != "" && cur != instanceID {
+		return errdefs.FailedPrecondition(fmt.Sprintf("stale main process instance %q (current %q)", instanceID, cur))
+	}
+	return nil
+}
+
+// recordExit moves the sandbox to ERROR for ReportMainProcessExit. Call
+// under the sandbox's gate.
+func (e *Engine) recordExit(ctx context.Context, sandboxID, instanceID string, exitCode int32) error {
 	var stale error
 	_, err := e.mutate(ctx, sandboxID, func(sb *openshellv1.Sandbox) bool {
-		if cur := sb.Status.GetMainProcessInstanceId(); cur != "" && cur != instanceID {
-			stale = errdefs.FailedPrecondition(fmt.Sprintf("stale main process instance %q (current %q)", instanceID, cur))
+		if stale = staleInstance(sb, instanceID); stale != nil {
 			return false
 		}
 		switch sb.Status.Phase {

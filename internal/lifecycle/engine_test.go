@@ -24,11 +24,38 @@ import (
 type memStore struct {
 	mu   sync.Mutex
 	rows map[string]*openshellv1.Sandbox
+	// Hooks run outside mu, so they may call the engine. afterCreate runs
+	// once the row is in; beforeUpdate may fail the write.
+	afterCreate  func(*openshellv1.Sandbox)
+	beforeUpdate func(*openshellv1.Sandbox) error
+}
+
+// hooks returns the hooks under mu.
+func (s *memStore) hooks() (func(*openshellv1.Sandbox), func(*openshellv1.Sandbox) error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.afterCreate, s.beforeUpdate
+}
+
+func (s *memStore) setHooks(afterCreate func(*openshellv1.Sandbox), beforeUpdate func(*openshellv1.Sandbox) error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.afterCreate, s.beforeUpdate = afterCreate, beforeUpdate
 }
 
 func newMemStore() *memStore { return &memStore{rows: map[string]*openshellv1.Sandbox{}} }
 
 func (s *memStore) CreateSandbox(_ context.Context, sb *openshellv1.Sandbox) error {
+	if err := s.insert(sb); err != nil {
+		return err
+	}
+	if after, _ := s.hooks(); after != nil {
+		after(sb)
+	}
+	return nil
+}
+
+func (s *memStore) insert(sb *openshellv1.Sandbox) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, r := range s.rows {
@@ -63,6 +90,11 @@ func (s *memStore) GetSandboxByName(_ context.Context, ws, name string) (*opensh
 }
 
 func (s *memStore) UpdateSandbox(_ context.Context, sb *openshellv1.Sandbox) error {
+	if _, before := s.hooks(); before != nil {
+		if err := before(sb); err != nil {
+			return err
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, ok := s.rows[sb.Metadata.Id]
@@ -74,11 +106,15 @@ func (s *memStore) UpdateSandbox(_ context.Context, sb *openshellv1.Sandbox) err
 	return nil
 }
 
-func (s *memStore) DeleteSandbox(_ context.Context, id string) error {
+func (s *memStore) DeleteSandbox(_ context.Context, id string, expectedRV uint64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.rows[id]; !ok {
+	r, ok := s.rows[id]
+	if !ok {
 		return errdefs.ErrNotFound
+	}
+	if r.Metadata.ResourceVersion != expectedRV {
+		return errdefs.ErrConflict
 	}
 	delete(s.rows, id)
 	return nil
@@ -104,6 +140,7 @@ type fakeDriver struct {
 	createErr  error
 	validateFn func(compute.Sandbox) error
 	tokens     []string
+	ensured    []string // workspaces passed to EnsureWorkspace
 }
 
 func newFakeDriver() *fakeDriver { return &fakeDriver{sandboxes: map[string]compute.Sandbox{}} }
@@ -181,7 +218,12 @@ func (d *fakeDriver) Watch(ctx context.Context) (<-chan compute.Event, func() er
 	go func() { <-ctx.Done(); close(ch) }()
 	return ch, func() error { return nil }, nil
 }
-func (d *fakeDriver) EnsureWorkspace(context.Context, string) error { return nil }
+func (d *fakeDriver) EnsureWorkspace(_ context.Context, ws string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.ensured = append(d.ensured, ws)
+	return nil
+}
 func (d *fakeDriver) DeleteWorkspace(context.Context, string) error { return nil }
 
 type fakeIssuer struct{}

@@ -40,7 +40,7 @@ func (o ObjectStore) CreateSandbox(ctx context.Context, sb *openshellv1.Sandbox)
 			err = fmt.Errorf("policy version 1 of sandbox %s is already stored", sb.Metadata.Id)
 		}
 		if err != nil {
-			if _, derr := o.S.Delete(context.WithoutCancel(ctx), store.TypeSandbox, sb.Metadata.Id); derr != nil {
+			if derr := o.S.DeleteIf(context.WithoutCancel(ctx), store.TypeSandbox, sb.Metadata.Id, res.ResourceVersion); derr != nil {
 				return fmt.Errorf("store policy version 1: %w (and removing the sandbox row failed: %w)", err, derr)
 			}
 			return fmt.Errorf("store policy version 1: %w", err)
@@ -73,11 +73,11 @@ func (o ObjectStore) UpdateSandbox(ctx context.Context, sb *openshellv1.Sandbox)
 	return nil
 }
 
-// DeleteSandbox removes a sandbox row; the store removes its policy
-// revisions with it.
-func (o ObjectStore) DeleteSandbox(ctx context.Context, id string) error {
-	_, err := o.S.Delete(ctx, store.TypeSandbox, id)
-	return err
+// DeleteSandbox removes a sandbox row at expectedRV; the store removes the
+// records scoped to it (policy revisions, settings, draft policy chunks)
+// in the same transaction.
+func (o ObjectStore) DeleteSandbox(ctx context.Context, id string, expectedRV uint64) error {
+	return o.S.DeleteIf(ctx, store.TypeSandbox, id, expectedRV)
 }
 
 // ListSandboxes lists sandbox rows.

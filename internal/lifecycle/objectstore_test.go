@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
@@ -59,7 +60,7 @@ func TestObjectStoreStoresPolicyVersionOne(t *testing.T) {
 		rev.GetPolicyHash() != policy.Hash(sb.Spec.Policy) || !proto.Equal(rev.GetPolicy(), sb.Spec.Policy) {
 		t.Errorf("stored revision = %v, want version 1 PENDING of spec.policy", rev)
 	}
-	if err := o.DeleteSandbox(t.Context(), sb.Metadata.Id); err != nil {
+	if err := o.DeleteSandbox(t.Context(), sb.Metadata.Id, sb.Metadata.ResourceVersion); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.GetLatestScoped(t.Context(), policy.RecordType, sb.Metadata.Id, ""); !errors.Is(err, errdefs.ErrNotFound) {
@@ -88,5 +89,38 @@ func TestObjectStoreCreateIsAllOrNothing(t *testing.T) {
 	}
 	if _, err := o.GetSandbox(t.Context(), sb.Metadata.Id); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("sandbox row after a failed create: GetSandbox = %v, want NotFound", err)
+	}
+}
+
+// The engine's row deletes are conditional (issue 13, defect 5): a delete
+// at a version that is no longer current is Aborted and removes nothing,
+// neither the row nor its policy revisions; at the current version both go.
+func TestObjectStoreDeleteIsConditional(t *testing.T) {
+	ctx := t.Context()
+	s := openSQLite(t)
+	o := lifecycle.ObjectStore{S: s}
+	sb := sandboxWithPolicy("2d3c0c4e-0000-4000-8000-000000000003", "cond")
+	if err := o.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	read := sb.GetMetadata().GetResourceVersion()
+	sb.Status = &openshellv1.SandboxStatus{Phase: openshellv1.SandboxPhase_SANDBOX_PHASE_READY}
+	if err := o.UpdateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.DeleteSandbox(ctx, sb.Metadata.Id, read); errdefs.Code(err) != codes.Aborted {
+		t.Fatalf("DeleteSandbox at a stale version = %v, want Aborted", err)
+	}
+	if _, err := o.GetSandbox(ctx, sb.Metadata.Id); err != nil {
+		t.Fatalf("row after the refused delete: %v", err)
+	}
+	if _, err := s.GetLatestScoped(ctx, policy.RecordType, sb.Metadata.Id, ""); err != nil {
+		t.Fatalf("policy revision after the refused delete: %v", err)
+	}
+	if err := o.DeleteSandbox(ctx, sb.Metadata.Id, sb.Metadata.ResourceVersion); err != nil {
+		t.Fatalf("DeleteSandbox at the current version: %v", err)
+	}
+	if _, err := s.GetLatestScoped(ctx, policy.RecordType, sb.Metadata.Id, ""); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("policy revisions after delete: GetLatestScoped = %v, want NotFound", err)
 	}
 }

@@ -37,38 +37,9 @@ func (e *Engine) Recover(ctx context.Context) error {
 		id := sb.GetMetadata().GetId()
 		known[id] = true
 		b, present := byID[id]
-		e.setBackend(id, backendView{present: present, sb: b})
-		switch sb.GetStatus().GetPhase() {
-		case openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING:
-			if err := e.finishDelete(ctx, sb); err != nil {
-				e.log.Warn("recover: finish delete", "sandbox_id", id, "err", err)
-			}
-			continue
-		case openshellv1.SandboxPhase_SANDBOX_PHASE_PROVISIONING:
-			if !present {
-				e.log.Warn("recover: removing sandbox whose create never finished", "sandbox_id", id)
-				e.removeRow(ctx, id)
-				continue
-			}
-			e.restartIfManaged(ctx, sb, b)
-		case openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPING:
-			if err := e.driver.Stop(ctx, compute.Ref{ID: id, Name: sb.GetMetadata().GetName()}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-				e.log.Warn("recover: stop", "sandbox_id", id, "err", err)
-			}
-			e.refreshBackend(ctx, sb)
-		case openshellv1.SandboxPhase_SANDBOX_PHASE_STARTING:
-			if err := e.driver.Start(ctx, compute.Ref{ID: id, Name: sb.GetMetadata().GetName()}); err != nil {
-				e.log.Warn("recover: start", "sandbox_id", id, "err", err)
-			}
-			e.refreshBackend(ctx, sb)
-		case openshellv1.SandboxPhase_SANDBOX_PHASE_READY:
-			if present {
-				e.restartIfManaged(ctx, sb, b)
-			}
-		}
-		if _, err := e.recompose(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			e.log.Warn("recover: compose", "sandbox_id", id, "err", err)
-		}
+		g := e.lock(id)
+		e.recoverOne(ctx, sb, backendView{present: present, sb: b})
+		e.unlock(ctx, id, g)
 	}
 	for _, b := range backends {
 		if known[b.ID] {
@@ -80,6 +51,47 @@ func (e *Engine) Recover(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// recoverOne brings one row in line with its backend. Call under the
+// sandbox's gate.
+func (e *Engine) recoverOne(ctx context.Context, sb *openshellv1.Sandbox, b backendView) {
+	id := sb.GetMetadata().GetId()
+	e.track(id)
+	e.setBackend(id, b)
+	switch sb.GetStatus().GetPhase() {
+	case openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING:
+		if err := e.finishDelete(ctx, sb); err != nil {
+			e.log.Warn("recover: finish delete", "sandbox_id", id, "err", err)
+		}
+		return
+	case openshellv1.SandboxPhase_SANDBOX_PHASE_PROVISIONING:
+		if !b.present {
+			e.log.Warn("recover: removing sandbox whose create never finished", "sandbox_id", id)
+			e.removeRow(ctx, id, func(sb *openshellv1.Sandbox) bool {
+				return sb.GetStatus().GetPhase() == openshellv1.SandboxPhase_SANDBOX_PHASE_PROVISIONING
+			})
+			return
+		}
+		e.restartIfManaged(ctx, sb, b.sb)
+	case openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPING:
+		if err := e.driver.Stop(ctx, compute.Ref{ID: id, Name: sb.GetMetadata().GetName()}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			e.log.Warn("recover: stop", "sandbox_id", id, "err", err)
+		}
+		e.refreshBackend(ctx, sb)
+	case openshellv1.SandboxPhase_SANDBOX_PHASE_STARTING:
+		if err := e.driver.Start(ctx, compute.Ref{ID: id, Name: sb.GetMetadata().GetName()}); err != nil {
+			e.log.Warn("recover: start", "sandbox_id", id, "err", err)
+		}
+		e.refreshBackend(ctx, sb)
+	case openshellv1.SandboxPhase_SANDBOX_PHASE_READY:
+		if b.present {
+			e.restartIfManaged(ctx, sb, b.sb)
+		}
+	}
+	if _, err := e.recompose(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		e.log.Warn("recover: compose", "sandbox_id", id, "err", err)
+	}
 }
 
 // restartIfManaged starts a sandbox the gateway stopped on its way down.
@@ -141,37 +153,61 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 }
 
+// apply reconciles one driver event. It goes through the sandbox's gate
+// without waiting for it (see post): the watcher is never held up by one
+// sandbox's long operation, and an event for a sandbox without a row
+// changes nothing and is not remembered.
 func (e *Engine) apply(ctx context.Context, ev compute.Event) {
+	var id string
+	var work func(ctx context.Context) error
 	switch ev.Kind {
 	case compute.EventSandbox:
-		id := ev.Sandbox.ID
-		e.setBackend(id, backendView{present: true, sb: ev.Sandbox})
-		unlock := e.gate(id)
-		_, err := e.recompose(ctx, id)
-		unlock()
-		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			e.log.Warn("reconcile sandbox event", "sandbox_id", id, "err", err)
+		id = ev.Sandbox.ID
+		snap := ev.Sandbox
+		work = func(ctx context.Context) error {
+			return e.observe(ctx, id, func(st *sandboxState) { st.backend = backendView{present: true, sb: snap} })
 		}
 	case compute.EventDeleted:
-		id := ev.SandboxID
-		e.setBackend(id, backendView{})
-		sb, err := e.store.GetSandbox(ctx, id)
-		if err != nil {
-			return // absent rows are ignored
-		}
-		if sb.GetStatus().GetPhase() == openshellv1.SandboxPhase_SANDBOX_PHASE_DELETING {
-			e.removeRow(ctx, id)
-			return
-		}
-		unlock := e.gate(id)
-		_, _ = e.recompose(ctx, id)
-		unlock()
+		id = ev.SandboxID
+		work = func(ctx context.Context) error { return e.backendGone(ctx, id) }
 	case compute.EventPlatform:
+		id = ev.SandboxID
 		p := ev.Platform
-		e.hub.publish(ev.SandboxID, Update{Platform: &openshellv1.PlatformEvent{
-			TimestampMs: p.Time.UnixMilli(), Source: p.Source, Type: p.Type, Reason: p.Reason, Message: p.Message, Metadata: p.Metadata,
-		}})
+		work = func(ctx context.Context) error {
+			if ok, err := e.known(ctx, id); err != nil || !ok {
+				return err
+			}
+			e.hub.publish(id, Update{Platform: &openshellv1.PlatformEvent{
+				TimestampMs: p.Time.UnixMilli(), Source: p.Source, Type: p.Type, Reason: p.Reason, Message: p.Message, Metadata: p.Metadata,
+			}})
+			return nil
+		}
+	default:
+		return
 	}
+	if err := e.post(ctx, id, work); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		e.log.Warn("reconcile sandbox event", "sandbox_id", id, "err", err)
+	}
+}
+
+// backendGone handles the disappearance of a sandbox's backend: a DELETING
+// row is removed, any other one composed again. Call under id's gate.
+func (e *Engine) backendGone(ctx context.Context, id string) error {
+	ok, err := e.known(ctx, id)
+	if err != nil || !ok {
+		return err
+	}
+	e.setBackend(id, backendView{})
+	sb, err := e.store.GetSandbox(ctx, id)
+	if err != nil {
+		return err
+	}
+	if isDeleting(sb) {
+		e.removeRow(ctx, id, isDeleting)
+		return nil
+	}
+	_, err = e.recompose(ctx, id)
+	return err
 }
 
 // StopManaged stops every running sandbox without recording a STOPPED
