@@ -15,6 +15,7 @@ import (
 	"github.com/openshell-go/openshell/internal/api/apitest"
 	"github.com/openshell-go/openshell/internal/api/authz"
 	"github.com/openshell-go/openshell/internal/auth"
+	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/store"
 )
@@ -204,6 +205,55 @@ func TestCreateSandboxRefusesTerminatingWorkspace(t *testing.T) {
 	list, err := s.ListSandboxes(ctx, &openshellv1.ListSandboxesRequest{Workspace: "team-a"})
 	if err != nil || len(list.GetSandboxes()) != 0 {
 		t.Fatalf("ListSandboxes = %v, %v; want empty", list, err)
+	}
+}
+
+// Issue 13, defect 4: a workspace deleted after CreateSandbox checked it
+// but before the row went in (or marked TERMINATING in that window) does
+// not end up holding the sandbox: the create is refused after its insert,
+// and nothing is left behind.
+func TestCreateSandboxRacingDeleteWorkspace(t *testing.T) {
+	env := apitest.NewEnv(t)
+	s := New(Options{Engine: env.Engine, Store: env.Store, AdminRole: adminRole})
+	t.Cleanup(s.Close)
+	ctx := as(t.Context(), localDev)
+	for _, tt := range []struct {
+		name   string
+		finish bool // the workspace delete completes inside the window
+		msg    string
+	}{
+		{"deleted", true, `workspace "team-a" was deleted`},
+		{"terminating", false, `workspace "team-a" is being deleted`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			mustCreateWorkspace(t, s, ctx, "team-a", nil)
+			env.Driver.ValidateFn = func(context.Context, compute.Sandbox) error {
+				if tt.finish {
+					_, err := s.DeleteWorkspace(ctx, &openshellv1.DeleteWorkspaceRequest{Name: "team-a"})
+					return err
+				}
+				_, _, err := store.UpdateCASAs(ctx, env.Store, store.TypeWorkspace, authz.WorkspaceID("team-a"), 0, func() *datamodelv1.Workspace { return &datamodelv1.Workspace{} }, func(w *datamodelv1.Workspace) error {
+					w.Status.Phase = authz.WorkspaceTerminating
+					return nil
+				})
+				return err
+			}
+			_, err := s.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "late", Workspace: "team-a"})
+			env.Driver.ValidateFn = nil
+			wantErr(t, "CreateSandbox racing DeleteWorkspace", err, codes.FailedPrecondition, tt.msg)
+			rows, err := env.Store.List(t.Context(), store.TypeSandbox, store.ListOptions{Workspace: "team-a"})
+			if err != nil || len(rows) != 0 {
+				t.Fatalf("sandboxes in workspace team-a = %d, %v; want none", len(rows), err)
+			}
+			if sbs, _ := env.Driver.List(t.Context()); len(sbs) != 0 {
+				t.Fatalf("workloads = %v; want none", sbs)
+			}
+			if !tt.finish {
+				if _, err := s.DeleteWorkspace(ctx, &openshellv1.DeleteWorkspaceRequest{Name: "team-a"}); err != nil {
+					t.Fatalf("DeleteWorkspace after the refused create: %v", err)
+				}
+			}
+		})
 	}
 }
 

@@ -28,6 +28,7 @@ import (
 
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
 	"github.com/openshell-go/openshell/internal/api"
+	apiauthz "github.com/openshell-go/openshell/internal/api/authz"
 	"github.com/openshell-go/openshell/internal/api/identity"
 	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/auth/mtls"
@@ -195,6 +196,9 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	}
 	engine, err := lifecycle.New(ctx, lifecycle.Options{
 		Store: lifecycle.ObjectStore{S: st}, Driver: driver, DriverName: driverName, Issuer: minter, Logger: logger,
+		// A create checks its workspace again once its row is in, so that
+		// it cannot land in a workspace being deleted.
+		WorkspaceAccepts: apiauthz.New(apiauthz.Options{Store: st}).WorkspaceAcceptsSandboxes,
 	})
 	if err != nil {
 		return err

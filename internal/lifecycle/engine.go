@@ -68,7 +68,7 @@ type Options struct {
 	// before the driver is involved and fails the call FailedPrecondition.
 	WorkspaceAccepts func(ctx context.Context, workspace string) error
 	Logger           *slog.Logger
-	Now            func() time.Time
+	Now              func() time.Time
 }
 
 // Engine owns sandbox lifecycle: it persists intent before touching

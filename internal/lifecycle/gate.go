@@ -17,7 +17,7 @@ import (
 // driver stop.
 type gate struct {
 	mu    sync.Mutex
-	refs  int                             // holders and waiters; at zero the gate leaves Engine.gates
+	refs  int                               // holders and waiters; at zero the gate leaves Engine.gates
 	queue []func(ctx context.Context) error // posted work, run by the holder before it lets go
 }
 

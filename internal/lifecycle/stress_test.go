@@ -58,8 +58,8 @@ func (d *stressDriver) ListenerRequirements(context.Context) ([]compute.Listener
 	return nil, nil
 }
 func (d *stressDriver) ValidateCreate(context.Context, compute.Sandbox) error { return nil }
-func (d *stressDriver) EnsureWorkspace(context.Context, string) error        { return nil }
-func (d *stressDriver) DeleteWorkspace(context.Context, string) error        { return nil }
+func (d *stressDriver) EnsureWorkspace(context.Context, string) error         { return nil }
+func (d *stressDriver) DeleteWorkspace(context.Context, string) error         { return nil }
 
 // put stores sb and reports it.
 func (d *stressDriver) put(sb compute.Sandbox) {
@@ -214,7 +214,7 @@ func (s *busyStore) interfere(ctx context.Context, id string) {
 	if !hit {
 		return
 	}
-	if sb, err := s.ObjectStore.GetSandbox(ctx, id); err == nil {
+	if sb, err := s.GetSandbox(ctx, id); err == nil {
 		_ = s.ObjectStore.UpdateSandbox(ctx, sb) // same content, new version
 	}
 }
@@ -262,7 +262,7 @@ func TestStress(t *testing.T) {
 
 	names := []string{"a", "b", "c", "d", "e"}
 	var idsMu sync.Mutex
-	ids := map[string]bool{}    // every sandbox id ever created
+	ids := map[string]bool{}     // every sandbox id ever created
 	session := map[string]bool{} // the relay's view: connected or not
 	randomID := func(r *rand.Rand) string {
 		idsMu.Lock()

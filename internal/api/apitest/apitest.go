@@ -30,6 +30,9 @@ import (
 type FakeDriver struct {
 	mu  sync.Mutex
 	sbs map[string]compute.Sandbox
+	// ValidateFn, when set (before the driver is used), runs in
+	// ValidateCreate: after the API's checks, before the row is inserted.
+	ValidateFn func(ctx context.Context, sb compute.Sandbox) error
 }
 
 var _ compute.Driver = (*FakeDriver)(nil)
@@ -48,7 +51,12 @@ func (d *FakeDriver) ListenerRequirements(context.Context) ([]compute.ListenerRe
 }
 
 // ValidateCreate implements compute.Driver.
-func (d *FakeDriver) ValidateCreate(context.Context, compute.Sandbox) error { return nil }
+func (d *FakeDriver) ValidateCreate(ctx context.Context, sb compute.Sandbox) error {
+	if d.ValidateFn != nil {
+		return d.ValidateFn(ctx, sb)
+	}
+	return nil
+}
 
 // Create implements compute.Driver.
 func (d *FakeDriver) Create(_ context.Context, sb compute.Sandbox) error {
@@ -70,7 +78,15 @@ func (d *FakeDriver) Get(_ context.Context, ref compute.Ref) (compute.Sandbox, e
 }
 
 // List implements compute.Driver.
-func (d *FakeDriver) List(context.Context) ([]compute.Sandbox, error) { return nil, nil }
+func (d *FakeDriver) List(context.Context) ([]compute.Sandbox, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]compute.Sandbox, 0, len(d.sbs))
+	for _, sb := range d.sbs {
+		out = append(out, sb)
+	}
+	return out, nil
+}
 
 // Stop implements compute.Driver.
 func (d *FakeDriver) Stop(context.Context, compute.Ref) error { return nil }
@@ -119,7 +135,10 @@ func NewEnv(t testing.TB) *Env {
 	t.Cleanup(func() { _ = st.Close() })
 	CreateWorkspace(t, st, "default")
 	d := NewFakeDriver()
-	eng, err := lifecycle.New(t.Context(), lifecycle.Options{Store: lifecycle.ObjectStore{S: st}, Driver: d})
+	eng, err := lifecycle.New(t.Context(), lifecycle.Options{
+		Store: lifecycle.ObjectStore{S: st}, Driver: d,
+		WorkspaceAccepts: authz.New(authz.Options{Store: st}).WorkspaceAcceptsSandboxes,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
