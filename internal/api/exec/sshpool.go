@@ -5,8 +5,6 @@ import (
 	"errors"
 	"sync"
 
-	"golang.org/x/crypto/ssh"
-
 	"github.com/openshell-go/openshell/internal/relay"
 	"github.com/openshell-go/openshell/internal/sshexec"
 )
@@ -18,15 +16,15 @@ import (
 type sshPool struct {
 	relay   *relay.Registry
 	mu      sync.Mutex
-	clients map[string]*ssh.Client
+	clients map[string]*sshexec.Client
 	wg      sync.WaitGroup
 }
 
 func newSSHPool(r *relay.Registry) *sshPool {
-	return &sshPool{relay: r, clients: map[string]*ssh.Client{}}
+	return &sshPool{relay: r, clients: map[string]*sshexec.Client{}}
 }
 
-func (p *sshPool) get(ctx context.Context, sandboxID string) (*ssh.Client, error) {
+func (p *sshPool) get(ctx context.Context, sandboxID string) (*sshexec.Client, error) {
 	p.mu.Lock()
 	c := p.clients[sandboxID]
 	p.mu.Unlock()
@@ -37,7 +35,7 @@ func (p *sshPool) get(ctx context.Context, sandboxID string) (*ssh.Client, error
 	if err != nil {
 		return nil, err
 	}
-	c, err = sshexec.Dial(ctx, conn)
+	c, err = sshexec.Dial(ctx, conn, sshexec.Liveness{})
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +55,7 @@ func (p *sshPool) get(ctx context.Context, sandboxID string) (*ssh.Client, error
 }
 
 // drop forgets c (only if it is still the pooled client) and closes it.
-func (p *sshPool) drop(sandboxID string, c *ssh.Client) {
+func (p *sshPool) drop(sandboxID string, c *sshexec.Client) {
 	p.mu.Lock()
 	if p.clients[sandboxID] == c {
 		delete(p.clients, sandboxID)
@@ -98,7 +96,7 @@ func (p *sshPool) run(ctx context.Context, sandboxID string, req sshexec.Request
 func (p *sshPool) close() {
 	p.mu.Lock()
 	clients := p.clients
-	p.clients = map[string]*ssh.Client{}
+	p.clients = map[string]*sshexec.Client{}
 	p.mu.Unlock()
 	for _, c := range clients {
 		_ = c.Close() // best effort on shutdown
