@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -158,5 +159,36 @@ func writePEM(t *testing.T, path, typ string, der []byte) {
 	t.Helper()
 	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSeparateListenersSpeakH2C: the optional health and metrics
+// listeners answer HTTP/1.1 and HTTP/2 with prior knowledge too.
+func TestSeparateListenersSpeakH2C(t *testing.T) {
+	hl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ml, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	startServer(t, Options{HealthListener: hl, MetricsListener: ml})
+	h2c := &http.Protocols{}
+	h2c.SetUnencryptedHTTP2(true)
+	h1 := &http.Protocols{}
+	h1.SetHTTP1(true)
+	for _, tc := range []struct {
+		protos *http.Protocols
+		want   string
+	}{{h1, "HTTP/1.1"}, {h2c, "HTTP/2.0"}} {
+		tr := &http.Transport{Protocols: tc.protos}
+		t.Cleanup(tr.CloseIdleConnections)
+		c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+		for _, u := range []string{"http://" + hl.Addr().String() + "/readyz", "http://" + ml.Addr().String() + "/metrics"} {
+			if code, _, proto := httpGet(t, c, u); code != http.StatusOK || proto != tc.want {
+				t.Errorf("GET %s = %d %s, want 200 %s", u, code, proto, tc.want)
+			}
+		}
 	}
 }

@@ -311,7 +311,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 
 // serveAux starts an extra HTTP server; called with s.mu held.
 func (s *Server) serveAux(l net.Listener, h http.Handler) {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: s.opts.SniffTimeout}
+	// Plaintext listeners: HTTP/1.1 and HTTP/2 with prior knowledge (h2c).
+	protos := &http.Protocols{}
+	protos.SetHTTP1(true)
+	protos.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: s.opts.SniffTimeout, Protocols: protos}
 	s.aux = append(s.aux, srv)
 	s.listeners = append(s.listeners, l)
 	s.wg.Go(func() { _ = srv.Serve(l) })
