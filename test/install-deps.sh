@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suites need when they are missing:
 # protoc and its well-known types (regenerate-and-diff), PostgreSQL (store and gateway suites),
-# OpenSSH client (CLI ssh-config test), busybox-static (rootfs sandboxes).
+# OpenSSH client (CLI ssh-config test), busybox-static (rootfs sandboxes), curl (HTTP/2
+# endpoints answered to curl's default negotiation).
 # Needs root and apt-get; otherwise it says what to install and returns 1.
 set -euo pipefail
 pkgs=()
@@ -13,6 +14,7 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || pkgs+=(postgresql)
 command -v ssh >/dev/null 2>&1 || pkgs+=(openssh-client)
 command -v python3 >/dev/null 2>&1 || pkgs+=(python3)
 [ -x /bin/busybox ] || pkgs+=(busybox-static)
+command -v curl >/dev/null 2>&1 || pkgs+=(curl)
 if [ "${#pkgs[@]}" -eq 0 ]; then
   exit 0
 fi
