@@ -13,16 +13,12 @@ const (
 	DefaultPort            = 17670
 	DefaultLogLevel        = "info"
 	DefaultOIDCAudience    = "openshell-cli"
-	DefaultOIDCJWKSTTL     = 3600 * time.Second
 	DefaultOIDCRolesClaim  = "realm_access.roles"
 	DefaultOIDCAdminRole   = "openshell-admin"
 	DefaultOIDCUserRole    = "openshell-user"
 	DefaultSSHSessionTTL   = 24 * time.Hour
 	DefaultDatabaseWait    = 60 * time.Second
 	DefaultLocalGatewayID  = "openshell"
-	DefaultPolicyFailMode  = PolicyFailClosed
-	PolicyFailClosed       = "fail_closed"
-	PolicyRetainLastValid  = "retain_last_valid"
 	defaultGatewayFileName = "gateway.toml"
 )
 
@@ -60,28 +56,16 @@ type Config struct {
 	// Drivers has an entry (possibly empty).
 	DriverConfigs map[string]map[string]any
 
-	CredentialDrivers       []string
-	DefaultCredentialDriver string
-	CredentialStorage       map[string]any
-	CredentialDriverConfigs map[string]map[string]any
-	SupervisorMiddleware    []map[string]any
-	Interceptors            []map[string]any
-	ProviderProfileSources  []any
-
 	TLS  TLS
 	Auth Auth
 	OIDC OIDC
 	JWT  JWT
-	OTLP OTLP
 
 	RateLimit RateLimit
 
-	ServerSANs                  []string
-	EnableLoopbackServiceHTTP   bool
-	SSHSessionTTL               time.Duration
-	DatabaseWait                time.Duration // start-up wait for an unreachable database (0 = fail at once)
-	SandboxNamespace            string
-	PolicyValidationFailureMode string
+	SSHSessionTTL    time.Duration
+	DatabaseWait     time.Duration // start-up wait for an unreachable database (0 = fail at once)
+	SandboxNamespace string
 }
 
 // Addr is the main listener address (host:port).
@@ -99,10 +83,7 @@ type TLS struct {
 	// RequireClientAuth is true when a client CA is set and OIDC is off:
 	// every TLS client must then present a certificate signed by the CA.
 	// Otherwise a presented certificate is verified but optional.
-	RequireClientAuth   bool
-	ExternalCertPath    string
-	ExternalKeyPath     string
-	ExternalServerNames []string
+	RequireClientAuth bool
 	// AutoDiscovered is true when the paths came from OPENSHELL_LOCAL_TLS_DIR.
 	AutoDiscovered bool
 	// LocalDir is the local PKI directory consulted (OPENSHELL_LOCAL_TLS_DIR).
@@ -126,7 +107,6 @@ type Auth struct {
 type OIDC struct {
 	Issuer      string
 	Audience    string
-	JWKSTTL     time.Duration
 	RolesClaim  string
 	AdminRole   string
 	UserRole    string
@@ -153,12 +133,6 @@ func (j JWT) Enabled() bool { return j.SigningKeyPath != "" }
 
 // Issuer is the iss/aud claim value "openshell-gateway:<gateway_id>".
 func (j JWT) Issuer() string { return "openshell-gateway:" + j.GatewayID }
-
-// OTLP holds the optional trace exporter settings.
-type OTLP struct {
-	Endpoint    string
-	ServiceName string
-}
 
 // RateLimit limits gRPC requests; it is off when Requests or Window is zero.
 type RateLimit struct {

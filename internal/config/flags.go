@@ -78,6 +78,9 @@ type spec struct {
 	num   func(*settings) *int
 	bool  func(*settings) *bool
 	list  func(*settings) *[]string
+	// check rejects a value the setting cannot take on its own (its
+	// range or form); a flag with such a value is a usage error.
+	check func(*settings) error
 }
 
 func (sp *spec) set(s *settings, v string) error {
@@ -115,40 +118,40 @@ func splitList(v string) []string {
 // specs is the whole flag/env surface, in --help order.
 var specs = []*spec{
 	{name: "config", env: "OPENSHELL_GATEWAY_CONFIG", usage: "TOML config file (default $XDG_CONFIG_HOME/openshell/gateway.toml if present)", str: func(s *settings) *string { return &s.configPath }},
-	{name: "bind-address", env: "OPENSHELL_BIND_ADDRESS", def: DefaultBindAddress, usage: "IP address the gateway listens on", str: func(s *settings) *string { return &s.bindAddress }},
-	{name: "port", env: "OPENSHELL_SERVER_PORT", kind: kInt, def: strconv.Itoa(DefaultPort), usage: "port for gRPC and HTTP (one port)", num: func(s *settings) *int { return &s.port }},
-	{name: "health-port", env: "OPENSHELL_HEALTH_PORT", kind: kInt, def: "0", usage: "separate port for /healthz and /readyz (0 = off)", num: func(s *settings) *int { return &s.healthPort }},
-	{name: "metrics-port", env: "OPENSHELL_METRICS_PORT", kind: kInt, def: "0", usage: "separate port for /metrics (0 = off)", num: func(s *settings) *int { return &s.metricsPort }},
-	{name: "log-level", env: "OPENSHELL_LOG_LEVEL", def: DefaultLogLevel, usage: "log level: trace, debug, info, warn, error", str: func(s *settings) *string { return &s.logLevel }},
+	{name: "bind-address", env: "OPENSHELL_BIND_ADDRESS", def: DefaultBindAddress, usage: "IP address the gateway listens on", str: func(s *settings) *string { return &s.bindAddress }, check: func(s *settings) error { return checkIP(s.bindAddress) }},
+	{name: "port", env: "OPENSHELL_SERVER_PORT", kind: kInt, def: strconv.Itoa(DefaultPort), usage: "port for gRPC and HTTP (one port)", num: func(s *settings) *int { return &s.port }, check: func(s *settings) error { return checkRange(s.port, 1, 65535) }},
+	{name: "health-port", env: "OPENSHELL_HEALTH_PORT", kind: kInt, def: "0", usage: "separate port for /healthz and /readyz (0 = off)", num: func(s *settings) *int { return &s.healthPort }, check: func(s *settings) error { return checkRange(s.healthPort, 0, 65535) }},
+	{name: "metrics-port", env: "OPENSHELL_METRICS_PORT", kind: kInt, def: "0", usage: "separate port for /metrics (0 = off)", num: func(s *settings) *int { return &s.metricsPort }, check: func(s *settings) error { return checkRange(s.metricsPort, 0, 65535) }},
+	{name: "log-level", env: "OPENSHELL_LOG_LEVEL", def: DefaultLogLevel, usage: "log level: trace, debug, info, warn, error", str: func(s *settings) *string { return &s.logLevel }, check: func(s *settings) error { return checkLogLevel(s.logLevel) }},
 	{name: "tls-cert", env: "OPENSHELL_TLS_CERT", usage: "server certificate (PEM)", str: func(s *settings) *string { return &s.tlsCert }},
 	{name: "tls-key", env: "OPENSHELL_TLS_KEY", usage: "server private key (PEM)", str: func(s *settings) *string { return &s.tlsKey }},
 	{name: "tls-client-ca", env: "OPENSHELL_TLS_CLIENT_CA", usage: "CA that signs client certificates (enables client certificate verification)", str: func(s *settings) *string { return &s.tlsClientCA }},
-	{name: "db-url", env: "OPENSHELL_DB_URL", def: "sqlite:$XDG_STATE_HOME/openshell/gateway/openshell.db", usage: "database URL: sqlite:<path> or postgres://... (never read from the config file)", str: func(s *settings) *string { return &s.dbURL }},
+	{name: "db-url", env: "OPENSHELL_DB_URL", def: "sqlite:$XDG_STATE_HOME/openshell/gateway/openshell.db", usage: "database URL: sqlite:<path> or postgres://... (never read from the config file)", str: func(s *settings) *string { return &s.dbURL }, check: func(s *settings) error { return checkDatabaseURL(s.dbURL) }},
 	{name: "drivers", alias: "driver", env: "OPENSHELL_DRIVERS", kind: kList, usage: "compute drivers, comma separated (default auto-detect)", list: func(s *settings) *[]string { return &s.drivers }},
 	{name: "compute-driver-socket", env: "OPENSHELL_COMPUTE_DRIVER_SOCKET", usage: "Unix socket of a remote compute driver (needs exactly one --drivers name)", str: func(s *settings) *string { return &s.computeDriverSocket }},
 	{name: "disable-tls", env: "OPENSHELL_DISABLE_TLS", kind: kBool, def: "false", usage: "serve plaintext (local development)", bool: func(s *settings) *bool { return &s.disableTLS }},
 	{name: "enable-mtls-auth", env: "OPENSHELL_ENABLE_MTLS_AUTH", kind: kBool, def: "false", usage: "authenticate users by client certificate (auto-on for local drivers with a client CA and no OIDC)", bool: func(s *settings) *bool { return &s.enableMTLSAuth }},
-	{name: "oidc-issuer", env: "OPENSHELL_OIDC_ISSUER", usage: "OIDC issuer URL (enables OIDC bearer auth)", str: func(s *settings) *string { return &s.oidcIssuer }},
+	{name: "oidc-issuer", env: "OPENSHELL_OIDC_ISSUER", usage: "OIDC issuer URL (enables OIDC bearer auth)", str: func(s *settings) *string { return &s.oidcIssuer }, check: func(s *settings) error { return checkHTTPURL(s.oidcIssuer) }},
 	{name: "oidc-audience", env: "OPENSHELL_OIDC_AUDIENCE", def: DefaultOIDCAudience, usage: "expected OIDC audience", str: func(s *settings) *string { return &s.oidcAudience }},
-	{name: "oidc-jwks-ttl", env: "OPENSHELL_OIDC_JWKS_TTL", kind: kInt, def: "3600", usage: "OIDC JWKS cache TTL in seconds", num: func(s *settings) *int { return &s.oidcJWKSTTL }},
+	{name: "oidc-jwks-ttl", env: "OPENSHELL_OIDC_JWKS_TTL", kind: kInt, usage: "OIDC JWKS cache TTL in seconds (not implemented yet: setting it is refused)", num: func(s *settings) *int { return &s.oidcJWKSTTL }, check: func(s *settings) error { return checkNonNegative(s.oidcJWKSTTL) }},
 	{name: "oidc-roles-claim", env: "OPENSHELL_OIDC_ROLES_CLAIM", def: DefaultOIDCRolesClaim, usage: "dotted path of the roles claim", str: func(s *settings) *string { return &s.oidcRolesClaim }},
 	{name: "oidc-admin-role", env: "OPENSHELL_OIDC_ADMIN_ROLE", def: DefaultOIDCAdminRole, usage: "role granting admin RPCs", str: func(s *settings) *string { return &s.oidcAdminRole }},
 	{name: "oidc-user-role", env: "OPENSHELL_OIDC_USER_ROLE", def: DefaultOIDCUserRole, usage: "role granting user RPCs", str: func(s *settings) *string { return &s.oidcUserRole }},
 	{name: "oidc-scopes-claim", env: "OPENSHELL_OIDC_SCOPES_CLAIM", def: `""`, usage: "claim holding scopes (empty = scope checks off)", str: func(s *settings) *string { return &s.oidcScopesClaim }},
-	{name: "grpc-rate-limit-requests", env: "OPENSHELL_GRPC_RATE_LIMIT_REQUESTS", kind: kInt, def: "0", usage: "gRPC requests allowed per window (0 = off)", num: func(s *settings) *int { return &s.rateRequests }},
-	{name: "grpc-rate-limit-window-seconds", env: "OPENSHELL_GRPC_RATE_LIMIT_WINDOW_SECONDS", kind: kInt, def: "0", usage: "gRPC rate limit window in seconds (0 = off)", num: func(s *settings) *int { return &s.rateWindow }},
-	{name: "server-san", env: "OPENSHELL_SERVER_SAN", kind: kList, usage: "extra server name(s), comma separated or repeated", list: func(s *settings) *[]string { return &s.serverSANs }},
-	{name: "enable-loopback-service-http", env: "OPENSHELL_ENABLE_LOOPBACK_SERVICE_HTTP", kind: kBool, def: "true", usage: "serve sandbox service URLs over plain HTTP on loopback", bool: func(s *settings) *bool { return &s.loopbackHTTP }},
+	{name: "grpc-rate-limit-requests", env: "OPENSHELL_GRPC_RATE_LIMIT_REQUESTS", kind: kInt, def: "0", usage: "gRPC requests allowed per window (0 = off)", num: func(s *settings) *int { return &s.rateRequests }, check: func(s *settings) error { return checkNonNegative(s.rateRequests) }},
+	{name: "grpc-rate-limit-window-seconds", env: "OPENSHELL_GRPC_RATE_LIMIT_WINDOW_SECONDS", kind: kInt, def: "0", usage: "gRPC rate limit window in seconds (0 = off)", num: func(s *settings) *int { return &s.rateWindow }, check: func(s *settings) error { return checkNonNegative(s.rateWindow) }},
+	{name: "server-san", env: "OPENSHELL_SERVER_SAN", kind: kList, usage: "extra server name(s), comma separated or repeated (not implemented yet: setting it is refused; generate-certs takes --server-san)", list: func(s *settings) *[]string { return &s.serverSANs }},
+	{name: "enable-loopback-service-http", env: "OPENSHELL_ENABLE_LOOPBACK_SERVICE_HTTP", kind: kBool, usage: "serve sandbox service URLs over plain HTTP on loopback (not implemented yet: setting it is refused)", bool: func(s *settings) *bool { return &s.loopbackHTTP }},
 	{name: "allow-unauthenticated-users", env: "OPENSHELL_ALLOW_UNAUTHENTICATED_USERS", kind: kBool, def: "false", usage: "requests without credentials run as the local-dev user (trusted local use only)", bool: func(s *settings) *bool { return &s.allowUnauth }},
 	{name: "state-dir", env: "OPENSHELL_STATE_DIR", def: "$XDG_STATE_HOME/openshell/gateway", usage: "gateway state directory", str: func(s *settings) *string { return &s.stateDir }},
 	{name: "local-tls-dir", env: "OPENSHELL_LOCAL_TLS_DIR", def: "$XDG_STATE_HOME/openshell/tls", usage: "generate-certs output consulted for TLS/JWT auto-discovery", str: func(s *settings) *string { return &s.localTLSDir }},
-	{name: "database-wait-secs", env: "OPENSHELL_DATABASE_WAIT_SECS", kind: kInt, def: strconv.Itoa(int(DefaultDatabaseWait / time.Second)), usage: "how long start-up waits for an unreachable database, in seconds (0 = fail at once)", num: func(s *settings) *int { return &s.dbWait }},
-	{name: "ssh-session-ttl-secs", env: "OPENSHELL_SSH_SESSION_TTL_SECS", kind: kInt, def: strconv.Itoa(int(DefaultSSHSessionTTL / time.Second)), usage: "SSH session lifetime in seconds (0 = no limit)", num: func(s *settings) *int { return &s.sshTTL }},
+	{name: "database-wait-secs", env: "OPENSHELL_DATABASE_WAIT_SECS", kind: kInt, def: strconv.Itoa(int(DefaultDatabaseWait / time.Second)), usage: "how long start-up waits for an unreachable database, in seconds (0 = fail at once)", num: func(s *settings) *int { return &s.dbWait }, check: func(s *settings) error { return checkNonNegative(s.dbWait) }},
+	{name: "ssh-session-ttl-secs", env: "OPENSHELL_SSH_SESSION_TTL_SECS", kind: kInt, def: strconv.Itoa(int(DefaultSSHSessionTTL / time.Second)), usage: "SSH session lifetime in seconds (0 = no limit)", num: func(s *settings) *int { return &s.sshTTL }, check: func(s *settings) error { return checkNonNegative(s.sshTTL) }},
 	{name: "jwt-signing-key", env: "OPENSHELL_JWT_SIGNING_KEY", usage: "Ed25519 sandbox JWT signing key (PKCS#8 PEM)", str: func(s *settings) *string { return &s.jwtSigningKey }},
 	{name: "jwt-public-key", env: "OPENSHELL_JWT_PUBLIC_KEY", usage: "Ed25519 sandbox JWT public key (PKIX PEM)", str: func(s *settings) *string { return &s.jwtPublicKey }},
 	{name: "jwt-kid", env: "OPENSHELL_JWT_KID", usage: "file holding the sandbox JWT key id", str: func(s *settings) *string { return &s.jwtKID }},
 	{name: "gateway-id", env: "OPENSHELL_GATEWAY_ID", def: DefaultLocalGatewayID, usage: "gateway id in JWT iss/aud (openshell-gateway:<id>)", str: func(s *settings) *string { return &s.gatewayID }},
-	{name: "jwt-ttl-secs", env: "OPENSHELL_JWT_TTL_SECS", kind: kInt, def: "0", usage: "sandbox JWT lifetime in seconds (0 = never expires)", num: func(s *settings) *int { return &s.jwtTTL }},
+	{name: "jwt-ttl-secs", env: "OPENSHELL_JWT_TTL_SECS", kind: kInt, def: "0", usage: "sandbox JWT lifetime in seconds (0 = never expires)", num: func(s *settings) *int { return &s.jwtTTL }, check: func(s *settings) error { return checkNonNegative(s.jwtTTL) }},
 	{name: "version", kind: kBool, def: "false", usage: "print the version and exit", bool: func(s *settings) *bool { return &s.version }},
 }
 
@@ -161,9 +164,16 @@ type recorder struct {
 func (r recorder) String() string { return "" }
 func (r recorder) Set(v string) error {
 	(*r.vals)[r.sp.name] = append((*r.vals)[r.sp.name], v)
-	// Validate early so the error names the flag.
+	// Validate early so the error names the flag and the command line
+	// is reported as wrong (exit 2).
 	var scratch settings
-	return r.sp.set(&scratch, v)
+	if err := r.sp.set(&scratch, v); err != nil {
+		return err
+	}
+	if r.sp.check != nil {
+		return r.sp.check(&scratch)
+	}
+	return nil
 }
 func (r recorder) IsBoolFlag() bool { return r.sp.kind == kBool }
 

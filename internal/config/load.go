@@ -111,11 +111,9 @@ func defaults() *settings {
 		port:           DefaultPort,
 		logLevel:       DefaultLogLevel,
 		oidcAudience:   DefaultOIDCAudience,
-		oidcJWKSTTL:    int(DefaultOIDCJWKSTTL / time.Second),
 		oidcRolesClaim: DefaultOIDCRolesClaim,
 		oidcAdminRole:  DefaultOIDCAdminRole,
 		oidcUserRole:   DefaultOIDCUserRole,
-		loopbackHTTP:   true,
 		sshTTL:         int(DefaultSSHSessionTTL / time.Second),
 		dbWait:         int(DefaultDatabaseWait / time.Second),
 		gatewayID:      DefaultLocalGatewayID,
@@ -269,16 +267,16 @@ func (s *settings) resolve(cfg *Config, file *fileRoot, lookupEnv LookupEnv) err
 
 	// Listener.
 	cfg.BindAddress = s.bindAddress
-	if net.ParseIP(s.bindAddress) == nil {
-		fail("--bind-address: %q is not an IP address", s.bindAddress)
+	if err := checkIP(s.bindAddress); err != nil {
+		fail("--bind-address: %v", err)
 	}
 	cfg.Port = s.port
-	if s.port < 1 || s.port > 65535 {
-		fail("--port: %d is out of range 1-65535", s.port)
+	if err := checkRange(s.port, 1, 65535); err != nil {
+		fail("--port: %v", err)
 	}
 	aux := func(name string, port int, fileAddr string) string {
-		if port < 0 || port > 65535 {
-			fail("--%s: %d is out of range 0-65535", name, port)
+		if err := checkRange(port, 0, 65535); err != nil {
+			fail("--%s: %v", name, err)
 			return ""
 		}
 		if src := s.source[name]; src == "env" || src == "flag" {
@@ -317,10 +315,10 @@ func (s *settings) resolve(cfg *Config, file *fileRoot, lookupEnv LookupEnv) err
 
 	// Logging.
 	cfg.LogLevelName = strings.ToLower(strings.TrimSpace(s.logLevel))
-	if lvl, ok := logLevels[cfg.LogLevelName]; ok {
-		cfg.LogLevel = lvl
+	if err := checkLogLevel(s.logLevel); err != nil {
+		fail("--log-level: %v", err)
 	} else {
-		fail("--log-level: %q is not one of trace, debug, info, warn, error", s.logLevel)
+		cfg.LogLevel = logLevels[cfg.LogLevelName]
 	}
 
 	// State and database.
@@ -332,8 +330,8 @@ func (s *settings) resolve(cfg *Config, file *fileRoot, lookupEnv LookupEnv) err
 	if cfg.DatabaseURL == "" && needState() {
 		cfg.DatabaseURL = "sqlite:" + filepath.Join(stateHome, "openshell", "gateway", "openshell.db")
 	}
-	if !strings.HasPrefix(cfg.DatabaseURL, "sqlite:") && !strings.HasPrefix(cfg.DatabaseURL, "postgres://") && !strings.HasPrefix(cfg.DatabaseURL, "postgresql://") {
-		fail("--db-url: unsupported scheme (want sqlite:<path> or postgres://...)")
+	if err := checkDatabaseURL(cfg.DatabaseURL); err != nil {
+		fail("--db-url: %v", err)
 	}
 	localDir := s.localTLSDir
 	if localDir == "" && needState() {
@@ -399,17 +397,8 @@ func (s *settings) resolve(cfg *Config, file *fileRoot, lookupEnv LookupEnv) err
 			fail("--tls-key is required when TLS is enabled (use --disable-tls to skip)")
 		}
 		cfg.TLS.CertPath, cfg.TLS.KeyPath, cfg.TLS.ClientCAPath = s.tlsCert, s.tlsKey, s.tlsClientCA
-		if t := g.TLS; t != nil {
-			cfg.TLS.ExternalCertPath = deref(t.ExternalCertPath)
-			cfg.TLS.ExternalKeyPath = deref(t.ExternalKeyPath)
-			cfg.TLS.ExternalServerNames = slices.Clone(t.ExternalServerNames)
-		}
-		if (cfg.TLS.ExternalCertPath == "") != (cfg.TLS.ExternalKeyPath == "") {
-			fail("tls.external_cert_path and tls.external_key_path must be set together")
-		}
 		for _, f := range []struct{ what, path string }{
 			{"tls cert", cfg.TLS.CertPath}, {"tls key", cfg.TLS.KeyPath}, {"tls client ca", cfg.TLS.ClientCAPath},
-			{"tls external cert", cfg.TLS.ExternalCertPath}, {"tls external key", cfg.TLS.ExternalKeyPath},
 		} {
 			if err := readable(f.what, f.path); err != nil {
 				errs = append(errs, err)
@@ -422,17 +411,13 @@ func (s *settings) resolve(cfg *Config, file *fileRoot, lookupEnv LookupEnv) err
 		cfg.OIDC = OIDC{
 			Issuer:      s.oidcIssuer,
 			Audience:    s.oidcAudience,
-			JWKSTTL:     time.Duration(s.oidcJWKSTTL) * time.Second,
 			RolesClaim:  s.oidcRolesClaim,
 			AdminRole:   s.oidcAdminRole,
 			UserRole:    s.oidcUserRole,
 			ScopesClaim: s.oidcScopesClaim,
 		}
-		if s.oidcJWKSTTL < 0 {
-			fail("--oidc-jwks-ttl: must not be negative")
-		}
-		if !strings.HasPrefix(s.oidcIssuer, "https://") && !strings.HasPrefix(s.oidcIssuer, "http://") {
-			fail("--oidc-issuer: %q is not an http(s) URL", s.oidcIssuer)
+		if err := checkHTTPURL(s.oidcIssuer); err != nil {
+			fail("--oidc-issuer: %v", err)
 		}
 	}
 	cfg.TLS.RequireClientAuth = cfg.TLS.Enabled && cfg.TLS.ClientCAPath != "" && !cfg.OIDC.Enabled()
@@ -484,8 +469,8 @@ func (s *settings) resolve(cfg *Config, file *fileRoot, lookupEnv LookupEnv) err
 		}
 	}
 	if cfg.JWT.Enabled() {
-		if s.jwtTTL < 0 {
-			fail("--jwt-ttl-secs: must not be negative")
+		if err := checkNonNegative(s.jwtTTL); err != nil {
+			fail("--jwt-ttl-secs: %v", err)
 		}
 		if strings.TrimSpace(cfg.JWT.GatewayID) == "" {
 			fail("--gateway-id: must not be empty")
@@ -513,40 +498,16 @@ func (s *settings) resolve(cfg *Config, file *fileRoot, lookupEnv LookupEnv) err
 	}
 
 	// The rest.
-	cfg.ServerSANs = slices.Clone(s.serverSANs)
-	cfg.EnableLoopbackServiceHTTP = s.loopbackHTTP
-	if s.sshTTL < 0 {
-		fail("--ssh-session-ttl-secs: must not be negative")
+	if err := checkNonNegative(s.sshTTL); err != nil {
+		fail("--ssh-session-ttl-secs: %v", err)
 	}
 	cfg.SSHSessionTTL = time.Duration(s.sshTTL) * time.Second
-	if s.dbWait < 0 {
-		fail("--database-wait-secs: must not be negative")
+	if err := checkNonNegative(s.dbWait); err != nil {
+		fail("--database-wait-secs: %v", err)
 	}
 	cfg.DatabaseWait = time.Duration(s.dbWait) * time.Second
 	cfg.SandboxNamespace = deref(g.SandboxNamespace)
-	cfg.PolicyValidationFailureMode = DefaultPolicyFailMode
-	if g.PolicyValidationFailureMode != nil {
-		switch m := *g.PolicyValidationFailureMode; m {
-		case PolicyFailClosed, PolicyRetainLastValid:
-			cfg.PolicyValidationFailureMode = m
-		default:
-			fail("policy_validation_failure_mode: %q is not fail_closed or retain_last_valid", m)
-		}
-	}
-	cfg.CredentialDrivers = slices.Clone(g.CredentialDrivers)
-	cfg.DefaultCredentialDriver = deref(g.DefaultCredentialDriver)
-	cfg.CredentialStorage = g.CredentialStorage
-	cfg.Interceptors = g.Interceptors
-	cfg.ProviderProfileSources = g.ProviderProfileSources
-	if o := g.OTLP; o != nil {
-		cfg.OTLP = OTLP{Endpoint: deref(o.Endpoint), ServiceName: deref(o.ServiceName)}
-	}
-	if file != nil {
-		cfg.CredentialDriverConfigs = file.OpenShell.CredentialDrivers
-		if file.OpenShell.Supervisor != nil {
-			cfg.SupervisorMiddleware = file.OpenShell.Supervisor.Middleware
-		}
-	}
+	errs = append(errs, s.refuseNotImplemented(file, cfg.ConfigFile)...)
 	return errors.Join(errs...)
 }
 
