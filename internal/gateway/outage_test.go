@@ -68,7 +68,7 @@ func readyz(addr string) (int, string) {
 }
 
 // TestDatabaseOutage runs the gateway on a real PostgreSQL cluster that is
-// down at start-up and stopped again while the gateway serves:
+// down at start-up and stopped again for 10 s while the gateway serves:
 //   - start-up waits for the database (logging why) instead of exiting;
 //   - /readyz answers 503 naming the store while the database is down, 200
 //     before and after; Health says DEGRADED;
@@ -141,8 +141,9 @@ func TestDatabaseOutage(t *testing.T) {
 		t.Fatalf("ListSandboxes with the database up = %v", err)
 	}
 
-	// Outage.
+	// Outage: 10 s, as in the issue.
 	pg.Stop(t)
+	outageStart := time.Now()
 	eventually(t, 30*time.Second, "/readyz 503 during the outage", func() (bool, string) {
 		code, body := readyz(addr)
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "database unavailable"), strconv.Itoa(code) + " " + body
@@ -182,6 +183,14 @@ func TestDatabaseOutage(t *testing.T) {
 	cliErr := cli.Run(t.Context(), []string{"--gateway-endpoint", "http://" + addr, "sandbox", "list"}, &out, &errOut)
 	if cliErr == nil || !strings.Contains(cliErr.Error(), "is up, but its database is unavailable") || strings.Contains(cliErr.Error(), "is openshell-gateway running") {
 		t.Errorf("openshell sandbox list during the outage = %v, want \"is up, but its database is unavailable\"", cliErr)
+	}
+
+	// /readyz stays 503 for the whole outage.
+	for time.Since(outageStart) < 10*time.Second {
+		if code, body := readyz(addr); code != http.StatusServiceUnavailable {
+			t.Fatalf("/readyz %s into the outage = %d %q, want 503", time.Since(outageStart).Round(time.Second), code, body)
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 
 	// Recovery.
