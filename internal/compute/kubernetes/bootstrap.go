@@ -83,7 +83,7 @@ func (d *Driver) BootstrapAuthenticator(context.Context) (auth.Authenticator, er
 	sav := d.cfg.ServiceAccountValidator()
 	d.log.Info("K8s ServiceAccount bootstrap authenticator enabled", "namespace", d.nsv.String(), "accepted_service_accounts", sav.Names())
 	return NewAuthenticator(AuthenticatorOptions{
-		Kube: d.kube, Dynamic: d.dyn, Namespaces: d.nsv, ServiceAccounts: sav, Logger: d.log,
+		Kube: d.kube, Dynamic: d.dyn, Namespaces: d.nsv, ServiceAccounts: sav, Logger: d.base,
 	}), nil
 }
 
@@ -130,11 +130,12 @@ func (a *Authenticator) Authenticate(ctx context.Context, req *auth.Request) (*a
 		return nil, denied("SA token is not from an accepted sandbox namespace")
 	}
 	podName, err := extraOne(st.User.Extra, extraPodName)
-	if err != nil {
-		return nil, err
+	var podUID string
+	if err == nil {
+		podUID, err = extraOne(st.User.Extra, extraPodUID)
 	}
-	podUID, err := extraOne(st.User.Extra, extraPodUID)
 	if err != nil {
+		a.log.Warn("K8s SA token rejected: not bound to exactly one pod", "username", username, "reason", err.Error())
 		return nil, err
 	}
 	pod, err := a.o.Kube.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
@@ -155,6 +156,7 @@ func (a *Authenticator) Authenticate(ctx context.Context, req *auth.Request) (*a
 	}
 	owner, err := sandboxOwner(pod)
 	if err != nil {
+		a.log.Warn("sandbox pod rejected: not controlled by exactly one OpenShell Sandbox", "namespace", ns, "pod", podName, "reason", err.Error())
 		return nil, err
 	}
 	cr, err := a.getSandbox(ctx, ns, owner)

@@ -49,7 +49,8 @@ const deleteWait = 15 * time.Second
 // Driver is the Kubernetes compute driver.
 type Driver struct {
 	cfg  Config
-	log  *slog.Logger
+	log  *slog.Logger // scoped: component=compute/kubernetes
+	base *slog.Logger // unscoped, for components the driver builds
 	kube kubernetes.Interface
 	dyn  dynamic.Interface
 	nsv  NamespaceValidator
@@ -112,7 +113,7 @@ func NewForConfig(rc *rest.Config, c Config, logger *slog.Logger) (*Driver, erro
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes driver: %w", err)
 	}
-	return &Driver{cfg: c, log: logger.With("component", "compute/kubernetes"), kube: kube, dyn: dyn, nsv: c.NamespaceValidator()}, nil
+	return &Driver{cfg: c, log: logger.With("component", "compute/kubernetes"), base: logger, kube: kube, dyn: dyn, nsv: c.NamespaceValidator()}, nil
 }
 
 // Config returns the driver's configuration.
