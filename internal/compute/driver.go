@@ -78,6 +78,12 @@ func DeleteWorkspace(ctx context.Context, d Driver, workspace string) error {
 // Adopter is implemented by drivers that can take over an existing backend
 // workload (openshell-go extension; the kubernetes driver).
 type Adopter interface {
+	// AdoptionEnabled reports whether this driver adopts at all: nil, or
+	// FailedPrecondition saying why not (the kubernetes driver's
+	// allow_adoption switch). It does not touch the backend; the gateway
+	// asks before anything else, so a refusal never depends on the
+	// sandbox named.
+	AdoptionEnabled(ctx context.Context) error
 	Adopt(ctx context.Context, req AdoptRequest) (AdoptResult, error)
 }
 

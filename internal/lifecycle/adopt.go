@@ -30,7 +30,9 @@ const (
 //
 // Order: the request is validated; the driver must implement
 // compute.Adopter (FailedPrecondition "adoption is only supported by the
-// kubernetes driver" otherwise). When a sandbox with that name already
+// kubernetes driver" otherwise) and have adoption enabled (its
+// AdoptionEnabled refusal, e.g. "sandbox adoption is disabled on this
+// gateway", whatever the name). When a sandbox with that name already
 // exists in the workspace and the workload is labelled as that very
 // sandbox, it is returned as is (idempotent), or re-enriched first when
 // req.Reenrich is set; any other existing sandbox makes the name
@@ -65,6 +67,13 @@ func (e *Engine) Adopt(ctx context.Context, req *openshellv1.AdoptSandboxRequest
 		return nil, err
 	}
 	adopter, ok := e.driver.(compute.Adopter)
+	if ok {
+		if err := adopter.AdoptionEnabled(ctx); errors.Is(err, errdefs.ErrUnimplemented) {
+			ok = false // a separately served driver that cannot adopt
+		} else if err != nil {
+			return nil, err
+		}
+	}
 	if !ok {
 		return nil, errdefs.FailedPrecondition("adoption is only supported by the kubernetes driver")
 	}

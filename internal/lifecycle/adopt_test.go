@@ -27,14 +27,24 @@ type fakeAdopter struct {
 	writeErr  error // returned by real runs
 	written   bool  // whether a failing real run still labelled the workload
 	suspended bool  // the workload is suspended by its owner
+	disabled  error // adoption switched off: every call fails with it, as the kubernetes driver's
 	// duringWrite runs inside a real run (the pod restarting).
 	duringWrite func()
+}
+
+func (d *fakeAdopter) AdoptionEnabled(context.Context) error {
+	d.amu.Lock()
+	defer d.amu.Unlock()
+	return d.disabled
 }
 
 func (d *fakeAdopter) Adopt(_ context.Context, req compute.AdoptRequest) (compute.AdoptResult, error) {
 	d.amu.Lock()
 	defer d.amu.Unlock()
 	d.calls = append(d.calls, req)
+	if d.disabled != nil {
+		return compute.AdoptResult{}, d.disabled
+	}
 	owner, ok := d.workloads[req.Sandbox.Name]
 	if !ok {
 		return compute.AdoptResult{}, errdefs.NotFound("sandbox not found")
@@ -212,6 +222,30 @@ func TestAdoptSuspendedWorkloadIsStopped(t *testing.T) {
 	}
 	if got := sb.GetStatus().GetPhase(); got != openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPED {
 		t.Errorf("adopting a suspended workload: phase %v, want STOPPED", got)
+	}
+}
+
+// TestAdoptDisabled checks that with adoption switched off every adoption
+// says so, also one naming a sandbox adopted before the switch was turned
+// off (not AlreadyExists, which would send the caller looking for a name
+// clash).
+func TestAdoptDisabled(t *testing.T) {
+	e, st, d, _ := newAdoptEngine(t)
+	d.workloads["other"] = ""
+	if _, err := e.Adopt(t.Context(), &openshellv1.AdoptSandboxRequest{Name: "bare"}); err != nil {
+		t.Fatal(err)
+	}
+	d.amu.Lock()
+	d.disabled = errdefs.FailedPrecondition("sandbox adoption is disabled on this gateway")
+	d.amu.Unlock()
+	for _, name := range []string{"bare", "other"} {
+		_, err := e.Adopt(t.Context(), &openshellv1.AdoptSandboxRequest{Name: name})
+		if errdefs.Code(err) != codes.FailedPrecondition || err.Error() != "sandbox adoption is disabled on this gateway" {
+			t.Errorf("Adopt(%s) with adoption disabled = %v, want FailedPrecondition \"sandbox adoption is disabled on this gateway\"", name, err)
+		}
+	}
+	if len(st.rows) != 1 {
+		t.Errorf("rows = %d, want the one adopted before", len(st.rows))
 	}
 }
 

@@ -26,6 +26,15 @@ var _ compute.Adopter = (*Driver)(nil)
 // adoptRestartWait bounds the wait for the old pod to go during adoption.
 const adoptRestartWait = 2 * time.Minute
 
+// AdoptionEnabled implements compute.Adopter: FailedPrecondition "sandbox
+// adoption is disabled on this gateway" unless allow_adoption is set.
+func (d *Driver) AdoptionEnabled(context.Context) error {
+	if !d.cfg.AllowAdoption {
+		return errdefs.FailedPrecondition("sandbox adoption is disabled on this gateway")
+	}
+	return nil
+}
+
 // Adopt implements compute.Adopter: it brings an existing Sandbox CR under
 // this gateway's management without deleting it. In order: adoption must be
 // enabled (allow_adoption) and the namespace accepted; the CR (v1beta1, else
@@ -43,8 +52,8 @@ const adoptRestartWait = 2 * time.Minute
 // gone and resuming it. The CR keeps its UID, claims and annotations.
 func (d *Driver) Adopt(ctx context.Context, req compute.AdoptRequest) (compute.AdoptResult, error) {
 	var res compute.AdoptResult
-	if !d.cfg.AllowAdoption {
-		return res, errdefs.FailedPrecondition("sandbox adoption is disabled on this gateway")
+	if err := d.AdoptionEnabled(ctx); err != nil {
+		return res, err
 	}
 	sb := req.Sandbox
 	if sb.ID == "" || sb.Name == "" {

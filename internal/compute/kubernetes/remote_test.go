@@ -13,6 +13,7 @@ import (
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/compute/kubernetes"
 	"github.com/openshell-go/openshell/internal/compute/remote"
+	"github.com/openshell-go/openshell/internal/errdefs"
 )
 
 // serveRemote serves d on a Unix socket with compute/remote, as
@@ -83,5 +84,18 @@ func TestBootstrapOverRemoteSocket(t *testing.T) {
 	off := serveRemote(t, b.driver(t, map[string]any{"bootstrap_auth": false}))
 	if a, err := off.BootstrapAuthenticator(t.Context()); a != nil || err != nil {
 		t.Errorf("remote BootstrapAuthenticator(bootstrap_auth off) = %v, %v, want nil, nil", a, err)
+	}
+}
+
+// TestAdoptionEnabledOverRemoteSocket checks the allow_adoption switch of
+// a separately served kubernetes driver reaches the gateway side.
+func TestAdoptionEnabledOverRemoteSocket(t *testing.T) {
+	e := newEnv(t)
+	if err := serveRemote(t, e.driver(t, map[string]any{"allow_adoption": true})).AdoptionEnabled(t.Context()); err != nil {
+		t.Errorf("AdoptionEnabled(allow_adoption) = %v, want nil", err)
+	}
+	err := serveRemote(t, e.driver(t, nil)).AdoptionEnabled(t.Context())
+	if errdefs.Code(err) != codes.FailedPrecondition || err.Error() != "sandbox adoption is disabled on this gateway" {
+		t.Errorf("AdoptionEnabled(default) = %v, want FailedPrecondition \"sandbox adoption is disabled on this gateway\"", err)
 	}
 }

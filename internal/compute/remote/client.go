@@ -199,6 +199,14 @@ func (d *Driver) DeleteWorkspace(ctx context.Context, workspace string) error {
 	return fromWire(err)
 }
 
+// AdoptionEnabled implements compute.Adopter: an AdoptSandbox dry run
+// without a sandbox, which asks only that. A served driver that cannot
+// adopt answers errdefs.ErrUnimplemented.
+func (d *Driver) AdoptionEnabled(ctx context.Context) error {
+	_, err := d.c.AdoptSandbox(ctx, &computev1.AdoptSandboxRequest{DryRun: true})
+	return fromWire(err)
+}
+
 // Adopt implements compute.Adopter; a remote driver that cannot adopt
 // answers errdefs.ErrUnimplemented.
 func (d *Driver) Adopt(ctx context.Context, req compute.AdoptRequest) (compute.AdoptResult, error) {

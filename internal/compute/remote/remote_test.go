@@ -179,6 +179,8 @@ type adoptingDriver struct{ fakeDriver }
 
 func (a *adoptingDriver) SelectsServiceAccounts() {}
 
+func (a *adoptingDriver) AdoptionEnabled(context.Context) error { return nil }
+
 func (a *adoptingDriver) Adopt(_ context.Context, req compute.AdoptRequest) (compute.AdoptResult, error) {
 	sb := req.Sandbox
 	sb.Namespace = req.Namespace

@@ -237,6 +237,12 @@ func (s *server) AdoptSandbox(ctx context.Context, req *computev1.AdoptSandboxRe
 	if !ok {
 		return nil, errdefs.Unimplemented("compute driver does not support adoption")
 	}
+	if err := a.AdoptionEnabled(ctx); err != nil {
+		return nil, err
+	}
+	if req.GetSandbox() == nil && req.GetDryRun() {
+		return &computev1.AdoptSandboxResponse{}, nil // the AdoptionEnabled probe
+	}
 	sb, err := SandboxFromProto(req.GetSandbox())
 	if err != nil {
 		return nil, err

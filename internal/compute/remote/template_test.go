@@ -99,3 +99,15 @@ func TestBootstrapNotServed(t *testing.T) {
 		t.Errorf("BootstrapAuthenticator() = %v, %v, want nil, nil", a, err)
 	}
 }
+
+// TestAdoptionEnabledNotServed checks a served driver that cannot adopt
+// answers the AdoptionEnabled probe with Unimplemented, which the gateway
+// reads as "no adoption here".
+func TestAdoptionEnabledNotServed(t *testing.T) {
+	if err := serve(t, &fakeDriver{}).AdoptionEnabled(t.Context()); !errors.Is(err, errdefs.ErrUnimplemented) {
+		t.Errorf("AdoptionEnabled(no Adopter) = %v, want Unimplemented", err)
+	}
+	if err := serve(t, &adoptingDriver{}).AdoptionEnabled(t.Context()); err != nil {
+		t.Errorf("AdoptionEnabled(Adopter) = %v, want nil", err)
+	}
+}

@@ -1939,7 +1939,9 @@ func (*WatchSandboxesEvent_PlatformEvent) isWatchSandboxesEvent_Payload() {}
 type AdoptSandboxRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The sandbox record the gateway persisted for the adopted object: id,
-	// name, workspace, token and the spec to apply.
+	// name, workspace, token and the spec to apply. A dry run without a
+	// sandbox only asks whether the driver adopts at all (an error status
+	// saying why not, e.g. FailedPrecondition when adoption is disabled).
 	Sandbox *DriverSandbox `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
 	// Namespace of the existing object; empty means the driver's default.
 	Namespace string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
