@@ -1,0 +1,159 @@
+package egress
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+)
+
+func TestHostMatches(t *testing.T) {
+	tests := []struct {
+		selector, host string
+		want           bool
+	}{
+		{"api.example.com", "api.example.com", true},
+		{"api.example.com", "API.Example.COM", true},
+		{"api.example.com", "api.example.com.", true},
+		{"api.example.com", "x.api.example.com", false},
+		{"api.example.com", "example.com", false},
+		{"*.example.com", "api.example.com", true},
+		{"*.example.com", "a.b.example.com", false},
+		{"*.example.com", "example.com", false},
+		{"*.example.com", "api.example.org", false},
+		{"*.example.com", "evilexample.com", false},
+		{"**.example.com", "api.example.com", true},
+		{"**.example.com", "a.b.c.example.com", true},
+		{"**.example.com", "example.com", false},
+		{"**.example.com", "example.com.evil.net", false},
+		{"*-aiplatform.googleapis.com", "us-central1-aiplatform.googleapis.com", true},
+		{"*-aiplatform.googleapis.com", "aiplatform.googleapis.com", false},
+		{"*-aiplatform.googleapis.com", "a.us-aiplatform.googleapis.com", false},
+		{"*.s3.*.amazonaws.com", "bucket.s3.us-east-1.amazonaws.com", true},
+		{"*.s3.*.amazonaws.com", "bucket.s3.amazonaws.com", false},
+		{"*.s3.*.amazonaws.com", "a.bucket.s3.us-east-1.amazonaws.com", false},
+		{"*.s3.*.amazonaws.com", "bucket.s3.a.b.amazonaws.com", false},
+		{"*", "anything.at.all", true},
+		{"**", "anything.at.all", true},
+	}
+	for _, tt := range tests {
+		if got := hostMatches(tt.selector, tt.host); got != tt.want {
+			t.Errorf("hostMatches(%q, %q) = %v, want %v", tt.selector, tt.host, got, tt.want)
+		}
+	}
+}
+
+func TestBinaryMatches(t *testing.T) {
+	tests := []struct {
+		entry, path string
+		want        bool
+	}{
+		{"/usr/bin/curl", "/usr/bin/curl", true},
+		{"/usr/bin/curl", "/usr/local/bin/curl", false},
+		{"/usr/bin/curl", "/usr/bin/curl2", false},
+		{"/usr/bin/*", "/usr/bin/curl", true},
+		{"/usr/bin/*", "/usr/bin/sub/curl", false},
+		{"/usr/**", "/usr/bin/sub/curl", true},
+		{"/**", "/sandbox/tool", true},
+		{"/usr/bin/python3*", "/usr/bin/python3.11", true},
+		{"/usr/bin/python3*", "/usr/bin/python2", false},
+	}
+	for _, tt := range tests {
+		if got := binaryMatches(tt.entry, tt.path); got != tt.want {
+			t.Errorf("binaryMatches(%q, %q) = %v, want %v", tt.entry, tt.path, got, tt.want)
+		}
+	}
+}
+
+func ep(host string, ports ...uint32) *sandboxv1.NetworkEndpoint {
+	return &sandboxv1.NetworkEndpoint{Host: host, Ports: ports}
+}
+
+func mustCompile(t testing.TB, rules map[string]*sandboxv1.NetworkPolicyRule) *Snapshot {
+	t.Helper()
+	s, err := Compile(rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestDecide(t *testing.T) {
+	s := mustCompile(t, map[string]*sandboxv1.NetworkPolicyRule{
+		"github": {Name: "github", Endpoints: []*sandboxv1.NetworkEndpoint{ep("api.github.com", 443), ep("*.githubusercontent.com", 443)},
+			Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/curl"}}},
+		"pypi": {Name: "pypi", Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "pypi.org", Port: 443}},
+			Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/python3*"}}},
+		"anyone": {Name: "anyone", Endpoints: []*sandboxv1.NetworkEndpoint{ep("**.example.com", 80, 8080)},
+			Binaries: []*sandboxv1.NetworkBinary{{Path: "/**"}}},
+		"internal": {Name: "internal", Endpoints: []*sandboxv1.NetworkEndpoint{{Ports: []uint32{5432}, AllowedIps: []string{"10.1.0.0/16"}}},
+			Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/psql"}}},
+		"nobinaries": {Name: "nobinaries", Endpoints: []*sandboxv1.NetworkEndpoint{ep("open.example.org", 443)}},
+	})
+	tests := []struct {
+		name   string
+		req    Request
+		policy string // "" = denied
+		reason string
+	}{
+		{"exact host, binary", Request{Host: "api.github.com", Port: 443, Exe: "/usr/bin/curl"}, "github", ""},
+		{"wrong port", Request{Host: "api.github.com", Port: 80, Exe: "/usr/bin/curl"}, "", "endpoint api.github.com:80 is not allowed by any policy"},
+		{"wrong binary", Request{Host: "api.github.com", Port: 443, Exe: "/usr/bin/wget"}, "", "binary '/usr/bin/wget' not allowed in policy 'github'"},
+		{"ancestor binary", Request{Host: "api.github.com", Port: 443, Exe: "/usr/bin/git-remote-https", Ancestors: []string{"/usr/bin/git", "/usr/bin/curl"}}, "github", ""},
+		{"one-label wildcard", Request{Host: "raw.githubusercontent.com", Port: 443, Exe: "/usr/bin/curl"}, "github", ""},
+		{"one-label wildcard, two labels", Request{Host: "a.raw.githubusercontent.com", Port: 443, Exe: "/usr/bin/curl"}, "", "endpoint a.raw.githubusercontent.com:443 is not allowed by any policy"},
+		{"glob binary", Request{Host: "pypi.org", Port: 443, Exe: "/usr/bin/python3.12"}, "pypi", ""},
+		{"ports list", Request{Host: "deep.a.example.com", Port: 8080, Exe: "/opt/x"}, "anyone", ""},
+		{"hostless allowed_ips", Request{Host: "db.internal", Port: 5432, Exe: "/usr/bin/psql"}, "internal", ""},
+		{"no binaries allow nothing", Request{Host: "open.example.org", Port: 443, Exe: "/usr/bin/curl"}, "", "binary '/usr/bin/curl' not allowed in policy 'nobinaries'"},
+		{"unidentified caller", Request{Host: "api.github.com", Port: 443}, "", "binary '' not allowed in policy 'github'"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := s.Decide(tt.req)
+			if d.Policy != tt.policy || d.Allow != (tt.policy != "") || d.Reason != tt.reason {
+				t.Errorf("Decide(%+v) = %+v, want policy %q reason %q", tt.req, d, tt.policy, tt.reason)
+			}
+		})
+	}
+	if d := s.Decide(Request{Host: "db.internal", Port: 5432, Exe: "/usr/bin/psql"}); !d.Hostless || len(d.AllowedIPs) != 1 || d.AllowedIPs[0] != netip.MustParsePrefix("10.1.0.0/16") {
+		t.Errorf("hostless decision = %+v, want Hostless with allowed_ips 10.1.0.0/16", d)
+	}
+	if d := mustCompile(t, nil).Decide(Request{Host: "a.b", Port: 1}); d.Allow || d.Reason != "network connections not allowed by policy" {
+		t.Errorf("empty policy: %+v", d)
+	}
+}
+
+func TestCompileRefusesWhatIsNotEnforced(t *testing.T) {
+	_, err := Compile(map[string]*sandboxv1.NetworkPolicyRule{
+		"l7": {Name: "l7", Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.example.com", Port: 443, Protocol: "rest", Tls: "terminate", Access: "read-only"}}},
+	})
+	if err == nil {
+		t.Fatal("Compile accepted protocol rest / tls terminate")
+	}
+	for _, want := range []string{`rule "l7" endpoint "api.example.com"`, `protocol "rest"`, `tls "terminate"`, "L7 rules"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if _, err := Compile(map[string]*sandboxv1.NetworkPolicyRule{"t": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "a.example.com", Port: 443, Protocol: "tcp", Tls: "passthrough"}}}}); err != nil {
+		t.Errorf("plain tcp endpoint refused: %v", err)
+	}
+}
+
+func BenchmarkDecide(b *testing.B) {
+	rules := map[string]*sandboxv1.NetworkPolicyRule{}
+	for _, n := range []string{"a", "b", "c", "d", "e", "f", "g", "h"} {
+		rules[n] = &sandboxv1.NetworkPolicyRule{Name: n,
+			Endpoints: []*sandboxv1.NetworkEndpoint{ep(n+".example.com", 443), ep("*."+n+".example.net", 443), ep("**."+n+".example.org", 443, 8443)},
+			Binaries:  []*sandboxv1.NetworkBinary{{Path: "/usr/bin/" + n}, {Path: "/opt/" + n + "/**"}}}
+	}
+	s := mustCompile(b, rules)
+	req := Request{Host: "x.y.h.example.org", Port: 8443, Exe: "/opt/h/bin/tool", Ancestors: []string{"/bin/bash", "/usr/bin/sshd"}}
+	for b.Loop() {
+		if !s.Decide(req).Allow {
+			b.Fatal("denied")
+		}
+	}
+}

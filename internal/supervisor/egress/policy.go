@@ -1,0 +1,195 @@
+package egress
+
+import (
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+)
+
+// Snapshot is one immutable, compiled generation of a sandbox's
+// network_policies. Every connection is decided against exactly one
+// Snapshot; a new policy generation is a new Snapshot.
+type Snapshot struct {
+	rules []rule // sorted by name, so the first match is the smallest name
+}
+
+type rule struct {
+	name      string
+	endpoints []endpoint
+	binaries  []string
+}
+
+type endpoint struct {
+	host       string // selector as written ("" = hostless, allowed_ips only)
+	ports      []uint32
+	allowedIPs []netip.Prefix
+}
+
+// Request is what one connection asks for.
+type Request struct {
+	Host string // as the client named it (CONNECT authority or URL host)
+	Port uint32
+	// Exe is the kernel-resolved executable of the process owning the
+	// client socket; Ancestors are its parents' executables, nearest
+	// first. Argv is never part of a request.
+	Exe       string
+	Ancestors []string
+}
+
+// Decision is the outcome for one Request.
+type Decision struct {
+	Allow  bool
+	Policy string // the matching rule's name ("" when denied)
+	Reason string // why it was denied ("" when allowed)
+	// AllowedIPs is the union of allowed_ips of the matching endpoints of
+	// the matching rule: addresses the SSRF guard lets through.
+	AllowedIPs []netip.Prefix
+	// Hostless: the match came from an endpoint without a host, which
+	// only allows destinations inside AllowedIPs.
+	Hostless bool
+}
+
+// Compile builds a Snapshot from network_policies. It returns an error
+// naming every rule feature this proxy does not enforce (L7 protocols,
+// TLS termination, credential handling, ...): a policy asking for those
+// is not enforced as written and must not be reported LOADED.
+func Compile(rules map[string]*sandboxv1.NetworkPolicyRule) (*Snapshot, error) {
+	s := &Snapshot{}
+	var problems []string
+	for _, key := range slices.Sorted(maps.Keys(rules)) {
+		r := rules[key]
+		name := r.GetName()
+		if name == "" {
+			name = key
+		}
+		cr := rule{name: name}
+		for _, b := range r.GetBinaries() {
+			cr.binaries = append(cr.binaries, b.GetPath())
+		}
+		for _, ep := range r.GetEndpoints() {
+			for _, p := range unsupported(ep) {
+				problems = append(problems, fmt.Sprintf("rule %q endpoint %q: %s", name, ep.GetHost(), p))
+			}
+			ce := endpoint{host: ep.GetHost(), ports: ep.GetPorts()}
+			if len(ce.ports) == 0 && ep.GetPort() != 0 {
+				ce.ports = []uint32{ep.GetPort()}
+			}
+			for _, a := range ep.GetAllowedIps() {
+				pfx, err := parsePrefix(a)
+				if err != nil {
+					problems = append(problems, fmt.Sprintf("rule %q endpoint %q: allowed_ips %q: %v", name, ep.GetHost(), a, err))
+					continue
+				}
+				ce.allowedIPs = append(ce.allowedIPs, pfx)
+			}
+			cr.endpoints = append(cr.endpoints, ce)
+		}
+		s.rules = append(s.rules, cr)
+	}
+	if len(problems) > 0 {
+		return nil, fmt.Errorf("not enforced by the egress proxy: %s", strings.Join(problems, "; "))
+	}
+	return s, nil
+}
+
+// unsupported lists what an endpoint asks for beyond host, port(s),
+// allowed_ips and the rule's binaries.
+func unsupported(ep *sandboxv1.NetworkEndpoint) []string {
+	var out []string
+	if p := ep.GetProtocol(); p != "" && !strings.EqualFold(p, "tcp") {
+		out = append(out, fmt.Sprintf("protocol %q (L7 inspection) is not implemented", p))
+	}
+	if t := ep.GetTls(); t != "" && t != "passthrough" {
+		out = append(out, fmt.Sprintf("tls %q is not implemented", t))
+	}
+	if ep.GetEnforcement() != "" || ep.GetAccess() != "" || len(ep.GetRules()) > 0 || len(ep.GetDenyRules()) > 0 || ep.GetPath() != "" {
+		out = append(out, "L7 rules (enforcement, access, rules, deny_rules, path) are not implemented")
+	}
+	if ep.GetCredentialSigning() != "" || ep.GetCredentialBinding() != nil || ep.GetWebsocketCredentialRewrite() ||
+		ep.GetRequestBodyCredentialRewrite() || ep.GetProviderCredentialed() || ep.GetAllowUninspectedCredentials() {
+		out = append(out, "credential handling is not implemented")
+	}
+	if ep.GetPersistedQueries() != "" || len(ep.GetGraphqlPersistedQueries()) > 0 || ep.GetGraphqlMaxBodyBytes() != 0 ||
+		ep.GetJsonRpcMaxBodyBytes() != 0 || ep.GetMcp() != nil {
+		out = append(out, "GraphQL, JSON-RPC and MCP options are not implemented")
+	}
+	return out
+}
+
+// parsePrefix accepts an address or a CIDR prefix.
+func parsePrefix(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		return p.Masked(), err
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+// Decide evaluates r in OpenShell's order: a rule matches when one of its
+// endpoints matches host and port and one of its binaries matches the
+// executable or an ancestor's; the first matching rule by name wins. It
+// allocates only for the denial reason.
+func (s *Snapshot) Decide(r Request) Decision {
+	endpointHit := ""
+	for i := range s.rules {
+		ru := &s.rules[i]
+		var ips []netip.Prefix
+		hit, hostless := false, true
+		for j := range ru.endpoints {
+			ep := &ru.endpoints[j]
+			if !slices.Contains(ep.ports, r.Port) {
+				continue
+			}
+			if ep.host == "" {
+				if len(ep.allowedIPs) == 0 {
+					continue
+				}
+			} else if !hostMatches(ep.host, r.Host) {
+				continue
+			} else {
+				hostless = false
+			}
+			hit = true
+			ips = append(ips, ep.allowedIPs...)
+		}
+		if !hit {
+			continue
+		}
+		if endpointHit == "" {
+			endpointHit = ru.name
+		}
+		if ru.binaryAllowed(r) {
+			return Decision{Allow: true, Policy: ru.name, AllowedIPs: ips, Hostless: hostless}
+		}
+	}
+	if len(s.rules) == 0 {
+		return Decision{Reason: "network connections not allowed by policy"}
+	}
+	if endpointHit != "" {
+		return Decision{Reason: fmt.Sprintf("binary '%s' not allowed in policy '%s'", r.Exe, endpointHit)}
+	}
+	return Decision{Reason: fmt.Sprintf("endpoint %s:%d is not allowed by any policy", r.Host, r.Port)}
+}
+
+func (ru *rule) binaryAllowed(r Request) bool {
+	for _, b := range ru.binaries {
+		if r.Exe != "" && binaryMatches(b, r.Exe) {
+			return true
+		}
+		for _, a := range r.Ancestors {
+			if binaryMatches(b, a) {
+				return true
+			}
+		}
+	}
+	return false
+}

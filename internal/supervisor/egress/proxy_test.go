@@ -1,0 +1,345 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+)
+
+// events collects a proxy's decisions.
+type events struct {
+	mu  sync.Mutex
+	evs []Event
+}
+
+func (e *events) add(ev Event) { e.mu.Lock(); e.evs = append(e.evs, ev); e.mu.Unlock() }
+func (e *events) last(t *testing.T) Event {
+	t.Helper()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.evs) == 0 {
+		t.Fatal("no decision event")
+	}
+	return e.evs[len(e.evs)-1]
+}
+
+type testProxy struct {
+	url    *url.URL
+	events *events
+	proxy  *Proxy
+}
+
+func loopbackDial(ctx context.Context, a netip.AddrPort) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", a.String())
+}
+
+// startProxy serves a proxy on loopback; cfg.Dial defaults to a plain
+// loopback dial and OnEvent is set.
+func startProxy(t testing.TB, cfg Config, rules map[string]*sandboxv1.NetworkPolicyRule) *testProxy {
+	t.Helper()
+	ev := &events{}
+	if cfg.Dial == nil {
+		cfg.Dial = loopbackDial
+	}
+	cfg.OnEvent = ev.add
+	s, err := Compile(rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := New(cfg, s)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ln) }()
+	t.Cleanup(func() {
+		ln.Close()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return &testProxy{url: &url.URL{Scheme: "http", Host: ln.Addr().String()}, events: ev, proxy: p}
+}
+
+func fixedCaller(exe string) func(client, server netip.AddrPort) ([]Caller, error) {
+	return func(netip.AddrPort, netip.AddrPort) ([]Caller, error) { return []Caller{{PID: 42, Exe: exe}}, nil }
+}
+
+func upstream(t *testing.T) (port uint32) {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello %s %s", r.Host, r.URL.Path)
+	}))
+	t.Cleanup(srv.Close)
+	_, ps, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	n, _ := strconv.Atoi(ps)
+	return uint32(n)
+}
+
+func loopbackResolver(names ...string) StaticResolver {
+	r := StaticResolver{}
+	for _, n := range names {
+		r[n] = []netip.Addr{netip.MustParseAddr("127.0.0.1")}
+	}
+	return r
+}
+
+func curlRules(port uint32, allowedIPs ...string) map[string]*sandboxv1.NetworkPolicyRule {
+	return map[string]*sandboxv1.NetworkPolicyRule{"up": {Name: "up",
+		Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "allowed.test", Port: port, AllowedIps: allowedIPs}},
+		Binaries:  []*sandboxv1.NetworkBinary{{Path: "/usr/bin/curl"}}}}
+}
+
+func get(t *testing.T, proxy *url.URL, target string) (int, string) {
+	t.Helper()
+	c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxy)}}
+	defer c.CloseIdleConnections()
+	resp, err := c.Get(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// connect sends a CONNECT and, when it is answered 200, one GET through
+// the tunnel; it returns the CONNECT status and the tunnelled body.
+func connect(t *testing.T, proxy *url.URL, authority string) (int, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", proxy.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", authority, authority)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	fmt.Fprintf(c, "GET /tunnel HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", authority)
+	r2, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Body.Close()
+	b, _ := io.ReadAll(r2.Body)
+	return r2.StatusCode, string(b)
+}
+
+func TestProxyAllowsAndDenies(t *testing.T) {
+	port := upstream(t)
+	tp := startProxy(t, Config{Resolver: loopbackResolver("allowed.test", "other.test"), Identify: fixedCaller("/usr/bin/curl")},
+		curlRules(port, "127.0.0.1"))
+	target := fmt.Sprintf("allowed.test:%d", port)
+
+	code, body := get(t, tp.url, "http://"+target+"/path?secret=1")
+	if code != 200 || body != "hello "+target+" /path" {
+		t.Fatalf("forward GET = %d %q, want 200 from the upstream", code, body)
+	}
+	ev := tp.events.last(t)
+	if ev.Decision != "allow" || ev.Policy != "up" || ev.Host != "allowed.test" || ev.IP != "127.0.0.1" || ev.Port != port || ev.Binary != "/usr/bin/curl" || ev.PID != 42 || ev.Kind != "http" {
+		t.Errorf("allow event = %+v", ev)
+	}
+	if s := fmt.Sprintf("%+v", ev); strings.Contains(s, "secret") || strings.Contains(s, "/path") {
+		t.Errorf("event carries the path or query: %s", s)
+	}
+
+	if code, body := connect(t, tp.url, target); code != 200 || body != "hello "+target+" /tunnel" {
+		t.Fatalf("CONNECT = %d %q, want 200 and the tunnelled response", code, body)
+	}
+	if ev := tp.events.last(t); ev.Kind != "connect" || ev.Decision != "allow" {
+		t.Errorf("CONNECT event = %+v", ev)
+	}
+
+	other := fmt.Sprintf("other.test:%d", port)
+	if code, body := connect(t, tp.url, other); code != 403 || !strings.Contains(body, "endpoint "+other+" is not allowed by any policy") {
+		t.Errorf("CONNECT to another host = %d %q, want 403 naming the endpoint", code, body)
+	}
+	if ev := tp.events.last(t); ev.Decision != "deny" || ev.Host != "other.test" || ev.IP != "" {
+		t.Errorf("deny event = %+v", ev)
+	}
+	if code, _ := get(t, tp.url, "http://"+other+"/"); code != 403 {
+		t.Errorf("forward GET to another host = %d, want 403", code)
+	}
+	if code, _ := connect(t, tp.url, fmt.Sprintf("allowed.test:%d", port+1)); code != 403 {
+		t.Errorf("CONNECT to the allowed host on another port = %d, want 403", code)
+	}
+	groups, dropped := tp.proxy.Denials.Snapshot()
+	if dropped != 0 || len(groups) != 2 || groups[0] != (DenialCount{DenialKey{"/usr/bin/curl", "other.test", port}, 2}) {
+		t.Errorf("denials = %+v (dropped %d), want other.test counted twice first", groups, dropped)
+	}
+}
+
+func TestProxySSRFGuard(t *testing.T) {
+	port := upstream(t)
+	target := fmt.Sprintf("allowed.test:%d", port)
+	// The policy allows the host but not its (loopback) address.
+	tp := startProxy(t, Config{Resolver: loopbackResolver("allowed.test"), Identify: fixedCaller("/usr/bin/curl")}, curlRules(port))
+	if code, body := connect(t, tp.url, target); code != 403 || !strings.Contains(body, "address 127.0.0.1 is internal") {
+		t.Errorf("CONNECT to a host resolving to loopback = %d %q, want 403 (internal address)", code, body)
+	}
+	// Metadata names are refused before any lookup, whatever allowed_ips says.
+	meta := map[string]*sandboxv1.NetworkPolicyRule{"m": {Name: "m",
+		Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "metadata.google.internal", Port: 80, AllowedIps: []string{"0.0.0.0/0"}}},
+		Binaries:  []*sandboxv1.NetworkBinary{{Path: "/**"}}}}
+	tm := startProxy(t, Config{Resolver: loopbackResolver("metadata.google.internal"), Identify: fixedCaller("/usr/bin/curl")}, meta)
+	if code, body := get(t, tm.url, "http://metadata.google.internal/computeMetadata/v1/"); code != 403 || !strings.Contains(body, "cloud metadata") {
+		t.Errorf("metadata = %d %q, want 403", code, body)
+	}
+}
+
+func TestSSRFGuardTable(t *testing.T) {
+	g := ssrfGuard{own: []netip.Prefix{netip.MustParsePrefix("203.0.113.7/32")}}
+	allowed := []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16"), netip.MustParsePrefix("127.0.0.1/32")}
+	tests := []struct {
+		addr string
+		ok   bool
+	}{
+		{"93.184.216.34", true}, {"2606:2800:220:1::1", true},
+		{"127.0.0.1", true}, {"127.0.0.2", false}, {"::1", false}, {"::ffff:127.0.0.2", false},
+		{"169.254.169.254", false}, {"fe80::1", false}, {"fd00:ec2::254", false},
+		{"10.0.0.1", false}, {"10.9.1.1", true}, {"172.16.0.1", false}, {"192.168.1.1", false}, {"100.64.0.1", false},
+		{"0.0.0.0", false}, {"::", false}, {"224.0.0.1", false}, {"203.0.113.7", false},
+	}
+	for _, tt := range tests {
+		err := g.check([]netip.Addr{netip.MustParseAddr(tt.addr)}, allowed, false)
+		if (err == nil) != tt.ok {
+			t.Errorf("check(%s) = %v, want ok=%v", tt.addr, err, tt.ok)
+		}
+	}
+	if err := g.check([]netip.Addr{netip.MustParseAddr("93.184.216.34")}, allowed, true); err == nil {
+		t.Error("a hostless endpoint let a public address outside allowed_ips through")
+	}
+	// One bad address among good ones denies the connection.
+	if err := g.check([]netip.Addr{netip.MustParseAddr("93.184.216.34"), netip.MustParseAddr("10.0.0.1")}, nil, false); err == nil {
+		t.Error("a mixed answer with a private address was allowed")
+	}
+}
+
+// rebinder answers a public address first and loopback afterwards, like
+// a DNS rebinding attack.
+type rebinder struct {
+	mu    sync.Mutex
+	calls int
+}
+
+func (r *rebinder) LookupNetIP(context.Context, string, string) ([]netip.Addr, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls++
+	if r.calls == 1 {
+		return []netip.Addr{netip.MustParseAddr("198.51.100.10")}, nil
+	}
+	return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+}
+
+func TestProxyPinsTheCheckedAddress(t *testing.T) {
+	port := upstream(t)
+	rb := &rebinder{}
+	var dialed []netip.AddrPort
+	var mu sync.Mutex
+	dial := func(_ context.Context, a netip.AddrPort) (net.Conn, error) {
+		mu.Lock()
+		dialed = append(dialed, a)
+		mu.Unlock()
+		return nil, errors.New("test network: unreachable")
+	}
+	tp := startProxy(t, Config{Resolver: rb, Dial: dial, Identify: fixedCaller("/usr/bin/curl")}, curlRules(port))
+	if code, _ := connect(t, tp.url, fmt.Sprintf("allowed.test:%d", port)); code != http.StatusBadGateway {
+		t.Errorf("CONNECT = %d, want 502 (the pinned public address is unreachable)", code)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if rb.calls != 1 || len(dialed) != 1 || dialed[0] != netip.AddrPortFrom(netip.MustParseAddr("198.51.100.10"), uint16(port)) {
+		t.Errorf("resolver calls %d, dialed %v: want one lookup and a dial of the checked address only", rb.calls, dialed)
+	}
+}
+
+func TestDenialsBounded(t *testing.T) {
+	d := NewDenials(2)
+	d.Add("/a", "h", 1)
+	d.Add("/a", "h", 1)
+	d.Add("/b", "h", 1)
+	d.Add("/c", "h", 1)
+	g, dropped := d.Snapshot()
+	if len(g) != 2 || dropped != 1 || g[0].Count != 2 {
+		t.Errorf("denials = %+v dropped %d", g, dropped)
+	}
+}
+
+func BenchmarkConnect(b *testing.B) {
+	// Throughput of one CONNECT tunnel vs a direct connection to the same
+	// loopback sink: reported as MB/s of each sub-benchmark.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	port := uint32(ln.Addr().(*net.TCPAddr).Port)
+	tp := startProxy(b, Config{Resolver: loopbackResolver("allowed.test"), Identify: fixedCaller("/usr/bin/curl")}, curlRules(port, "127.0.0.1"))
+	buf := make([]byte, 64<<10)
+	run := func(b *testing.B, c net.Conn) {
+		b.SetBytes(int64(len(buf)))
+		for b.Loop() {
+			if _, err := c.Write(buf); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.Run("direct", func(b *testing.B) {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		run(b, c)
+	})
+	b.Run("proxy", func(b *testing.B) {
+		c, err := net.Dial("tcp", tp.url.Host)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "CONNECT allowed.test:%d HTTP/1.1\r\nHost: x\r\n\r\n", port)
+		resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect})
+		if err != nil {
+			b.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("CONNECT: %s", resp.Status)
+		}
+		run(b, c)
+	})
+}
