@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 )
@@ -57,7 +59,14 @@ sandbox that is already adopted returns it unchanged.`,
 				Name: name, Namespace: namespace, Workspace: a.ws(), AgentContainer: container, Reenrich: reenrich,
 			})
 			if err != nil {
-				return a.rpcError(err, sandboxWhat(name))
+				what := sandboxWhat(name)
+				if status.Code(err) == codes.NotFound {
+					// The Sandbox resource is looked up in a namespace,
+					// not in the workspace: keep the gateway's text,
+					// which names the namespace.
+					what = ""
+				}
+				return a.rpcError(err, what)
 			}
 			sb := resp.GetSandbox()
 			if !a.structured() {

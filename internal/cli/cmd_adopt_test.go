@@ -105,4 +105,14 @@ func TestAdoptDetachAndErrors(t *testing.T) {
 	if r.code() != 1 || !strings.Contains(r.err.Error(), "adoption is only supported by the kubernetes driver") {
 		t.Errorf("adopt on a process gateway = %d %v", r.code(), r.err)
 	}
+
+	// A missing Sandbox resource is reported in the namespace the gateway
+	// looked in, not as missing from the workspace.
+	f.adopt = func(*openshellv1.AdoptSandboxRequest) (*openshellv1.SandboxResponse, error) {
+		return nil, errdefs.ToGRPC(errdefs.NotFound(`sandbox "bare" not found in namespace agents`))
+	}
+	r = newTester(t).run("--gateway-endpoint", ep, "sandbox", "adopt", "bare", "--namespace", "agents")
+	if r.code() != 1 || !strings.Contains(r.err.Error(), `sandbox "bare" not found in namespace agents`) || strings.Contains(r.err.Error(), "workspace") {
+		t.Errorf("adopt of a missing Sandbox = %d %v, want the gateway's namespace text", r.code(), r.err)
+	}
 }
