@@ -68,7 +68,11 @@ func (a *app) newStatusCmd() *cobra.Command {
 			_, _ = fmt.Fprintf(tw, "Gateway:\t%s\n", orDash(a.target.Name))
 			_, _ = fmt.Fprintf(tw, "Endpoint:\t%s\n", a.target.Endpoint)
 			state := "Connected"
-			if h.GetStatus() != openshellv1.ServiceStatus_SERVICE_STATUS_HEALTHY {
+			switch h.GetStatus() {
+			case openshellv1.ServiceStatus_SERVICE_STATUS_HEALTHY:
+			case openshellv1.ServiceStatus_SERVICE_STATUS_DEGRADED:
+				state = "Connected (" + healthName(h.GetStatus()) + ": the gateway is up but its database or compute driver is not answering; its /readyz says which)"
+			default:
 				state = "Connected (" + healthName(h.GetStatus()) + ")"
 			}
 			_, _ = fmt.Fprintf(tw, "Status:\t%s\n", state)

@@ -185,6 +185,11 @@ func TestDatabaseOutage(t *testing.T) {
 		t.Errorf("openshell sandbox list during the outage = %v, want \"is up, but its database is unavailable\"", cliErr)
 	}
 
+	out.Reset()
+	if err := cli.Run(t.Context(), []string{"--gateway-endpoint", "http://" + addr, "status"}, &out, &errOut); err != nil || !strings.Contains(out.String(), "database or compute driver is not answering") {
+		t.Errorf("openshell status during the outage = %v, output:\n%s\nwant it to say the database or driver is not answering", err, out.String())
+	}
+
 	// /readyz stays 503 for the whole outage.
 	for time.Since(outageStart) < 10*time.Second {
 		if code, body := readyz(addr); code != http.StatusServiceUnavailable {
