@@ -92,7 +92,17 @@ func (k kubeGateway) runPodSupervisor(t *testing.T, pod *corev1.Pod, token strin
 	if agent == nil || len(agent.Command) != 1 || agent.Command[0] != "/opt/openshell/bin/openshell-sandbox" {
 		t.Fatalf("pod agent container = %+v, want the side-loaded supervisor", agent)
 	}
-	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "OPENSHELL_WORKSPACE_DIR=" + dir}
+	// The agent runs as an unprivileged user: its workspace must be
+	// reachable, which dir (under the 0700 home) is not.
+	ws, err := os.MkdirTemp("/var/tmp", "openshell-pod-ws-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(ws) })
+	if err := os.Chmod(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + ws, "OPENSHELL_WORKSPACE_DIR=" + ws}
 	for _, e := range agent.Env {
 		v := e.Value
 		if p, ok := paths[v]; ok {

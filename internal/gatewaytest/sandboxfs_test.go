@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 )
 
@@ -107,10 +108,24 @@ func TestSandboxFilesystemEscapes(t *testing.T) {
 }
 
 // TestSandboxImageIsolation: two sandboxes from one dir: image each write
-// into the image's root; the image on the host and the other sandbox see
-// none of it, and a sandbox's own changes survive its stop/start.
+// into the image (a world-writable /data the policy makes read-write: the
+// agent is an unprivileged user under Landlock); the image on the host and
+// the other sandbox see none of it, and a sandbox's own changes survive
+// its stop/start.
 func TestSandboxImageIsolation(t *testing.T) {
 	root := busyboxRootfs(t)
+	if err := os.Mkdir(filepath.Join(root, "data"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(root, "data"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "data", "rootfs-marker"), []byte("inside\n"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(root, "data", "rootfs-marker"), 0o666); err != nil {
+		t.Fatal(err)
+	}
 	g := Start(t, Options{})
 	c := g.Client()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
@@ -120,22 +135,25 @@ func TestSandboxImageIsolation(t *testing.T) {
 		if _, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: name, Spec: &openshellv1.SandboxSpec{
 			Command:  []string{"/bin/sh", "-c", "sleep 1000000"},
 			Template: &openshellv1.SandboxTemplate{Image: "dir:" + root},
+			Policy: &sandboxv1.SandboxPolicy{Version: 1, Filesystem: &sandboxv1.FilesystemPolicy{
+				IncludeWorkdir: true, ReadOnly: []string{"/"}, ReadWrite: []string{"/data", "/tmp"},
+			}},
 		}}); err != nil {
 			t.Fatalf("CreateSandbox(%s): %v", name, err)
 		}
 		ids[name] = WaitPhase(ctx, t, c, name, openshellv1.SandboxPhase_SANDBOX_PHASE_READY, time.Minute).GetMetadata().GetId()
 	}
 	a, b := ids["image-a"], ids["image-b"]
-	if out, errOut, code := sandboxShell(ctx, t, c, a, `echo changed > /rootfs-marker && echo new > /new-file && cat /rootfs-marker /new-file`); code != 0 || out != "changed\nnew\n" {
+	if out, errOut, code := sandboxShell(ctx, t, c, a, `echo changed > /data/rootfs-marker && echo new > /data/new-file && cat /data/rootfs-marker /data/new-file`); code != 0 || out != "changed\nnew\n" {
 		t.Fatalf("write into the image root: %q %q (exit %d), want the writes in the sandbox's own layer", out, errOut, code)
 	}
-	if data, err := os.ReadFile(filepath.Join(root, "rootfs-marker")); err != nil || string(data) != "inside\n" {
+	if data, err := os.ReadFile(filepath.Join(root, "data", "rootfs-marker")); err != nil || string(data) != "inside\n" {
 		t.Errorf("the image's rootfs-marker on the host = %q, %v, want unchanged", data, err)
 	}
-	if _, err := os.Stat(filepath.Join(root, "new-file")); err == nil {
+	if _, err := os.Stat(filepath.Join(root, "data", "new-file")); err == nil {
 		t.Error("a file written in the sandbox appeared in the image directory on the host")
 	}
-	if out, _, _ := sandboxShell(ctx, t, c, b, `cat /rootfs-marker; test -e /new-file && echo leaked; true`); out != "inside\n" {
+	if out, _, _ := sandboxShell(ctx, t, c, b, `cat /data/rootfs-marker; test -e /data/new-file && echo leaked; true`); out != "inside\n" {
 		t.Errorf("sandbox b sees %q, want the image's own rootfs-marker only", out)
 	}
 	if out, _, code := sandboxShell(ctx, t, c, a, `ls "$1"`, root); code == 0 {
@@ -149,7 +167,7 @@ func TestSandboxImageIsolation(t *testing.T) {
 		t.Fatal(err)
 	}
 	WaitPhase(ctx, t, c, "image-a", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 30*time.Second)
-	if out, errOut, code := sandboxShell(ctx, t, c, a, `cat /new-file`); code != 0 || out != "new\n" {
+	if out, errOut, code := sandboxShell(ctx, t, c, a, `cat /data/new-file`); code != 0 || out != "new\n" {
 		t.Errorf("after stop/start: %q %q (exit %d), want the sandbox's own layer kept", out, errOut, code)
 	}
 }
