@@ -145,7 +145,7 @@ func (d *Driver) Get(ctx context.Context, ref compute.Ref) (compute.Sandbox, err
 	if err != nil {
 		return compute.Sandbox{}, fromWire(err)
 	}
-	return SandboxFromProto(r.GetSandbox())
+	return SandboxViewFromProto(r.GetSandbox())
 }
 
 // List implements compute.Driver.
@@ -156,7 +156,7 @@ func (d *Driver) List(ctx context.Context) ([]compute.Sandbox, error) {
 	}
 	out := make([]compute.Sandbox, 0, len(r.GetSandboxes()))
 	for _, p := range r.GetSandboxes() {
-		sb, err := SandboxFromProto(p)
+		sb, err := SandboxViewFromProto(p)
 		if err != nil {
 			return nil, err
 		}
@@ -220,7 +220,7 @@ func (d *Driver) Adopt(ctx context.Context, req compute.AdoptRequest) (compute.A
 	if err != nil {
 		return compute.AdoptResult{}, fromWire(err)
 	}
-	sb, err := SandboxFromProto(r.GetSandbox())
+	sb, err := SandboxViewFromProto(r.GetSandbox())
 	if err != nil {
 		return compute.AdoptResult{}, err
 	}

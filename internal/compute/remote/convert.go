@@ -2,6 +2,8 @@ package remote
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/types/known/structpb"
@@ -94,64 +96,41 @@ func platformConfigToProto(t compute.Template) *structpb.Struct {
 }
 
 // platformConfigFromProto sets the typed template fields from
-// platform_config. A known key with a value of the wrong type, and an
-// unknown key, are InvalidArgument: a setting is never dropped silently.
-func platformConfigFromProto(pc *structpb.Struct, sb *compute.Sandbox) error {
+// platform_config. With strict, a known key with a value of the wrong type,
+// and an unknown key, are InvalidArgument (the first in key order): a
+// setting is never dropped silently. Without strict such keys are skipped.
+func platformConfigFromProto(pc *structpb.Struct, sb *compute.Sandbox, strict bool) error {
 	t := &sb.Spec.Template
-	str := func(k string, v *structpb.Value) (string, error) {
-		s, ok := v.GetKind().(*structpb.Value_StringValue)
-		if !ok {
-			return "", errdefs.InvalidArgument(fmt.Sprintf("platform_config.%s must be a string", k))
-		}
-		return s.StringValue, nil
-	}
-	boolean := func(k string, v *structpb.Value) (bool, error) {
-		b, ok := v.GetKind().(*structpb.Value_BoolValue)
-		if !ok {
-			return false, errdefs.InvalidArgument(fmt.Sprintf("platform_config.%s must be a boolean", k))
-		}
-		return b.BoolValue, nil
-	}
 	var hostUsers *bool
-	for k, v := range pc.GetFields() {
+	for _, k := range slices.Sorted(maps.Keys(pc.GetFields())) {
+		v := pc.GetFields()[k]
 		var err error
 		switch k {
 		case keyRuntimeClassName:
-			t.RuntimeClassName, err = str(k, v)
+			err = pcString(k, v, &t.RuntimeClassName)
 		case keyServiceAccountName:
-			t.ServiceAccountName, err = str(k, v)
+			err = pcString(k, v, &t.ServiceAccountName)
 		case keyNamespace:
 			var ns string
-			if ns, err = str(k, v); err == nil && sb.Namespace == "" {
+			if err = pcString(k, v, &ns); err == nil && sb.Namespace == "" {
 				sb.Namespace = ns
 			}
 		case keyUserNamespaces:
 			var b bool
-			if b, err = boolean(k, v); err == nil {
+			if err = pcBool(k, v, &b); err == nil {
 				t.UserNamespaces = &b
 			}
 		case keyHostUsers:
 			var b bool
-			if b, err = boolean(k, v); err == nil {
+			if err = pcBool(k, v, &b); err == nil {
 				hostUsers = &b
 			}
 		case keyAnnotations:
-			s := v.GetStructValue()
-			if s == nil {
-				return errdefs.InvalidArgument("platform_config.annotations must be a map of strings")
-			}
-			t.Annotations = make(map[string]string, len(s.GetFields()))
-			for ak, av := range s.GetFields() {
-				sv, ok := av.GetKind().(*structpb.Value_StringValue)
-				if !ok {
-					return errdefs.InvalidArgument("platform_config.annotations must be a map of strings")
-				}
-				t.Annotations[ak] = sv.StringValue
-			}
+			err = pcAnnotations(v, &t.Annotations)
 		default:
-			return errdefs.InvalidArgument(fmt.Sprintf("platform_config.%s is not supported", k))
+			err = errdefs.InvalidArgument(fmt.Sprintf("platform_config.%s is not supported", k))
 		}
-		if err != nil {
+		if err != nil && strict {
 			return err
 		}
 	}
@@ -159,6 +138,42 @@ func platformConfigFromProto(pc *structpb.Struct, sb *compute.Sandbox) error {
 		userns := !*hostUsers
 		t.UserNamespaces = &userns
 	}
+	return nil
+}
+
+func pcString(k string, v *structpb.Value, dst *string) error {
+	s, ok := v.GetKind().(*structpb.Value_StringValue)
+	if !ok {
+		return errdefs.InvalidArgument(fmt.Sprintf("platform_config.%s must be a string", k))
+	}
+	*dst = s.StringValue
+	return nil
+}
+
+func pcBool(k string, v *structpb.Value, dst *bool) error {
+	b, ok := v.GetKind().(*structpb.Value_BoolValue)
+	if !ok {
+		return errdefs.InvalidArgument(fmt.Sprintf("platform_config.%s must be a boolean", k))
+	}
+	*dst = b.BoolValue
+	return nil
+}
+
+func pcAnnotations(v *structpb.Value, dst *map[string]string) error {
+	bad := errdefs.InvalidArgument("platform_config.annotations must be a map of strings")
+	s := v.GetStructValue()
+	if s == nil {
+		return bad
+	}
+	out := make(map[string]string, len(s.GetFields()))
+	for k, av := range s.GetFields() {
+		sv, ok := av.GetKind().(*structpb.Value_StringValue)
+		if !ok {
+			return bad
+		}
+		out[k] = sv.StringValue
+	}
+	*dst = out
 	return nil
 }
 
@@ -187,9 +202,22 @@ func StatusToProto(st compute.Status) *computev1.DriverSandboxStatus {
 	return out
 }
 
-// SandboxFromProto converts a wire sandbox to the driver type. A nil
-// message is InvalidArgument.
+// SandboxFromProto converts a wire sandbox the driver is asked to run
+// (create, validate, adopt) to the driver type. A nil message, and a
+// platform_config the driver cannot honour, are InvalidArgument.
 func SandboxFromProto(p *computev1.DriverSandbox) (compute.Sandbox, error) {
+	return sandboxFromProto(p, true)
+}
+
+// SandboxViewFromProto converts a driver's report of a sandbox (get, list,
+// watch, adoption result). Its platform_config only describes, so keys this
+// side does not know, or values of another type, are skipped rather than
+// failing the report.
+func SandboxViewFromProto(p *computev1.DriverSandbox) (compute.Sandbox, error) {
+	return sandboxFromProto(p, false)
+}
+
+func sandboxFromProto(p *computev1.DriverSandbox, strict bool) (compute.Sandbox, error) {
 	if p == nil {
 		return compute.Sandbox{}, errdefs.InvalidArgument("sandbox is required")
 	}
@@ -214,7 +242,7 @@ func SandboxFromProto(p *computev1.DriverSandbox) (compute.Sandbox, error) {
 			},
 		},
 	}
-	if err := platformConfigFromProto(tmpl.GetPlatformConfig(), &sb); err != nil {
+	if err := platformConfigFromProto(tmpl.GetPlatformConfig(), &sb, strict); err != nil {
 		return compute.Sandbox{}, err
 	}
 	if tmpl.GetDriverConfig() != nil {
@@ -272,7 +300,7 @@ func EventToProto(ev compute.Event) (*computev1.WatchSandboxesEvent, error) {
 func EventFromProto(p *computev1.WatchSandboxesEvent) (compute.Event, error) {
 	switch pl := p.GetPayload().(type) {
 	case *computev1.WatchSandboxesEvent_Sandbox:
-		sb, err := SandboxFromProto(pl.Sandbox.GetSandbox())
+		sb, err := SandboxViewFromProto(pl.Sandbox.GetSandbox())
 		if err != nil {
 			return compute.Event{}, err
 		}

@@ -16,8 +16,9 @@
 // (compute.CheckTemplate). The typed compute.Template fields travel
 // in platform_config under OpenShell's keys (runtime_class_name,
 // annotations, service_account_name, user_namespaces; host_users and
-// namespace are accepted on input); an unknown key or a mistyped value is
-// InvalidArgument, never dropped. Serve exposes a compute.Driver on a socket
+// namespace are accepted on input); in a sandbox the driver is asked to run
+// an unknown key or a mistyped value is InvalidArgument, never dropped,
+// while a driver's report of a sandbox (SandboxViewFromProto) skips them. Serve exposes a compute.Driver on a socket
 // (mode 0600, removed on exit), which is what `openshell-gateway driver
 // serve` runs. Errors cross the wire as gRPC
 // status codes (errdefs.ToGRPC on the server, errdefs.FromGRPC on the

@@ -111,3 +111,25 @@ func TestAdoptionEnabledNotServed(t *testing.T) {
 		t.Errorf("AdoptionEnabled(Adopter) = %v, want nil", err)
 	}
 }
+
+// TestSandboxViewSkipsUnknownPlatformConfig checks a driver's report of a
+// sandbox (get, list, watch) is not refused for platform_config keys this
+// side does not know: there they describe, they do not ask.
+func TestSandboxViewSkipsUnknownPlatformConfig(t *testing.T) {
+	pc, err := structpb.NewStruct(map[string]any{"gpu_device": "0", "runtime_class_name": "gvisor", "user_namespaces": "yes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &computev1.DriverSandbox{Id: "i", Name: "n", Spec: &computev1.DriverSandboxSpec{Template: &computev1.DriverSandboxTemplate{PlatformConfig: pc}}}
+	got, err := remote.SandboxViewFromProto(p)
+	want := compute.Sandbox{ID: "i", Name: "n", Spec: compute.Spec{Template: compute.Template{RuntimeClassName: "gvisor"}}}
+	if err != nil {
+		t.Fatalf("SandboxViewFromProto() error = %v", err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("SandboxViewFromProto() (-want +got):\n%s", diff)
+	}
+	if _, err := remote.SandboxFromProto(p); !errors.Is(err, errdefs.ErrInvalidArgument) || err.Error() != "platform_config.gpu_device is not supported" {
+		t.Errorf("SandboxFromProto() error = %v, want InvalidArgument for the first unknown key", err)
+	}
+}
