@@ -33,6 +33,10 @@ var extensions = map[string]bool{
 	"message openshell.v1.AdoptSandboxRequest":                true,
 	"message openshell.compute.v1.AdoptSandboxRequest":        true,
 	"message openshell.compute.v1.AdoptSandboxResponse":       true,
+	// ServiceAccount bootstrap through a separately served kubernetes driver.
+	"rpc openshell.compute.v1.ComputeDriver AuthenticateBootstrapToken": true,
+	"message openshell.compute.v1.AuthenticateBootstrapTokenRequest":    true,
+	"message openshell.compute.v1.AuthenticateBootstrapTokenResponse":   true,
 }
 
 // factsPath prefers the shared reference checkout next to the repository
