@@ -12,8 +12,16 @@ import (
 	"github.com/openshell-go/openshell/internal/store"
 )
 
-// ObjectStore adapts the gateway's object store to the engine's Store.
-type ObjectStore struct{ S store.Store }
+// ObjectStore adapts the gateway's object store to the engine's Store. It
+// keeps sandbox objects and writes the one scoped record a create makes
+// (policy version 1); it needs nothing else of the store.
+type ObjectStore struct{ S SandboxObjects }
+
+// SandboxObjects is the part of the store ObjectStore uses.
+type SandboxObjects interface {
+	store.Objects
+	CreateScoped(ctx context.Context, rec store.Record) (store.Record, error)
+}
 
 var _ Store = ObjectStore{}
 

@@ -7,6 +7,12 @@
 //
 //	s, err := open.Open(ctx, "sqlite:/var/lib/openshell/gateway.db", logger)
 //
+// Store is three small interfaces over that one database: Objects
+// (metadata-carrying objects), Records (scoped, versioned records) and
+// Leases. A consumer takes the one it needs (lifecycle.ObjectStore, for
+// one, takes Objects and CreateScoped); the typed helpers GetAs, ListAs and
+// UpdateCASAs work on any Objects.
+//
 // # Objects
 //
 // Resources are protobuf messages with a field named "metadata" of type

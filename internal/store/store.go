@@ -32,11 +32,22 @@ const (
 	MaxLimit     = 1000
 )
 
-// Store persists objects. Implementations are safe for concurrent use.
+// Store is the whole persistence layer: objects, scoped records and
+// leases over one database. Implementations are safe for concurrent use.
 // Every method returns errors wrapping an errdefs kind when the cause is
 // the caller's (NotFound, AlreadyExists, Conflict, InvalidArgument) and
 // errdefs.ErrUnavailable when the database cannot be reached.
 type Store interface {
+	Objects
+	Records
+	Leases
+	// Close releases the database. In-flight calls fail afterwards.
+	Close() error
+}
+
+// Objects persists metadata-carrying objects with conditional writes.
+// Consumers that only keep objects take this interface.
+type Objects interface {
 	// Create inserts msg (MustCreate). An empty metadata.id is filled with a
 	// new UUID. metadata.resource_version is set to 1 and created_at_ms to
 	// now when zero.
@@ -66,7 +77,11 @@ type Store interface {
 	DeleteIf(ctx context.Context, objType, id string, expectedRV uint64) error
 	// DeleteByScope removes every object of objType in scope.
 	DeleteByScope(ctx context.Context, objType, scope string) (int64, error)
+}
 
+// Records persists scoped, versioned records (policy revisions, settings,
+// draft policy chunks).
+type Records interface {
 	// CreateScoped inserts rec at the next version within (Type, Scope)
 	// and returns it with Version, ID (when empty) and timestamps set.
 	// A record type with an owner (see ScopeOwner) needs the owner object
@@ -93,7 +108,10 @@ type Store interface {
 	RecordHit(ctx context.Context, rec Record) (Record, bool, error)
 	// CommitPolicyRevision runs rev atomically; see PolicyRevision.
 	CommitPolicyRevision(ctx context.Context, rev PolicyRevision) (PolicyRevisionResult, error)
+}
 
+// Leases persists named, expiring claims renewed by compare-and-swap.
+type Leases interface {
 	// AcquireLease takes lease name for holder for ttl when it is free,
 	// expired or already held by holder. A lease held by someone else is a
 	// *LeaseHeldError (errdefs.ErrFailedPrecondition).
@@ -103,9 +121,6 @@ type Store interface {
 	RenewLease(ctx context.Context, l Lease, ttl time.Duration) (Lease, error)
 	// ReleaseLease deletes l if it is still the stored lease.
 	ReleaseLease(ctx context.Context, l Lease) error
-
-	// Close releases the database. In-flight calls fail afterwards.
-	Close() error
 }
 
 // WriteResult is what a write assigned, returned without reading back.

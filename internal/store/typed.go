@@ -8,7 +8,7 @@ import (
 
 // ListAs lists objects like s.List and unmarshals each into a message made
 // by newT, with metadata.resource_version hydrated.
-func ListAs[T proto.Message](ctx context.Context, s Store, objType string, opts ListOptions, newT func() T) ([]T, error) {
+func ListAs[T proto.Message](ctx context.Context, s Objects, objType string, opts ListOptions, newT func() T) ([]T, error) {
 	objs, err := s.List(ctx, objType, opts)
 	if err != nil {
 		return nil, err
@@ -25,7 +25,7 @@ func ListAs[T proto.Message](ctx context.Context, s Store, objType string, opts 
 }
 
 // GetAs reads object id into a new message made by newT.
-func GetAs[T proto.Message](ctx context.Context, s Store, objType, id string, newT func() T) (T, error) {
+func GetAs[T proto.Message](ctx context.Context, s Objects, objType, id string, newT func() T) (T, error) {
 	m := newT()
 	if err := s.Get(ctx, objType, id, m); err != nil {
 		var zero T
@@ -36,7 +36,7 @@ func GetAs[T proto.Message](ctx context.Context, s Store, objType, id string, ne
 
 // UpdateCASAs is UpdateCAS with a typed mutate function. It returns the
 // written message.
-func UpdateCASAs[T proto.Message](ctx context.Context, s Store, objType, id string, expectedRV uint64, newT func() T, mutate func(T) error) (T, WriteResult, error) {
+func UpdateCASAs[T proto.Message](ctx context.Context, s Objects, objType, id string, expectedRV uint64, newT func() T, mutate func(T) error) (T, WriteResult, error) {
 	m := newT()
 	wr, err := s.UpdateCAS(ctx, objType, id, expectedRV, m, func(p proto.Message) error { return mutate(p.(T)) })
 	if err != nil {
