@@ -1,18 +1,13 @@
 package postgres_test
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/grpc/codes"
@@ -21,59 +16,14 @@ import (
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/store"
 	"github.com/openshell-go/openshell/internal/store/postgres"
+	"github.com/openshell-go/openshell/internal/store/postgres/postgrestest"
 	"github.com/openshell-go/openshell/internal/store/storetest"
 )
 
-// adminURL returns the test server's superuser URL, skipping (or failing
-// under CI=true) when none is configured.
-func adminURL(t testing.TB) string {
-	t.Helper()
-	u := os.Getenv("OPENSHELL_TEST_POSTGRES_URL")
-	if u == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("OPENSHELL_TEST_POSTGRES_URL is not set (CI=true): run test/postgres/start.sh")
-		}
-		t.Skip("OPENSHELL_TEST_POSTGRES_URL is not set; run eval \"$(test/postgres/start.sh)\"")
-	}
-	return u
-}
-
-// newDatabase creates a throw-away database and returns its URL.
-func newDatabase(t testing.TB) string {
-	t.Helper()
-	admin := adminURL(t)
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	name := "openshell_test_" + hex.EncodeToString(b[:])
-	conn, err := pgx.Connect(t.Context(), admin)
-	if err != nil {
-		t.Fatalf("connect to test postgres: %v", err)
-	}
-	defer conn.Close(t.Context())
-	if _, err := conn.Exec(t.Context(), "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("create database: %v", err)
-	}
-	t.Cleanup(func() {
-		// t.Context is already canceled when cleanups run.
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		c, err := pgx.Connect(ctx, admin)
-		if err != nil {
-			t.Errorf("drop database %s: %v", name, err)
-			return
-		}
-		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			t.Errorf("drop database %s: %v", name, err)
-		}
-	})
-	u, err := url.Parse(admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Path = "/" + name
-	return u.String()
-}
+var (
+	adminURL    = postgrestest.AdminURL
+	newDatabase = postgrestest.NewDatabase
+)
 
 func openStore(t testing.TB, dbURL string) *postgres.Store {
 	t.Helper()
