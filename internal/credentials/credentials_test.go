@@ -1,0 +1,93 @@
+package credentials_test
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/openshell-go/openshell/internal/credentials"
+)
+
+func TestSealOpen(t *testing.T) {
+	k, err := credentials.LoadOrCreateKEK(filepath.Join(t.TempDir(), "state", "kek"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := []byte("sk-very-secret-value")
+	s1, err := k.Seal(secret, "provider-1/API_KEY")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, _ := k.Seal(secret, "provider-1/API_KEY")
+	if s1.WrappedKey == s2.WrappedKey || s1.Ciphertext == s2.Ciphertext {
+		t.Error("two seals of one value share a data key or ciphertext")
+	}
+	if bytes.Contains([]byte(s1.Ciphertext+s1.WrappedKey+s1.KEKID), secret) {
+		t.Error("sealed form contains the plaintext")
+	}
+	got, err := k.Open(s1, "provider-1/API_KEY")
+	if err != nil || !bytes.Equal(got, secret) {
+		t.Fatalf("Open = %q, %v, want %q", got, err, secret)
+	}
+	if _, err := k.Open(s1, "provider-2/API_KEY"); err == nil {
+		t.Error("Open with another record's associated data succeeded")
+	}
+	other, _ := credentials.NewKeyring(bytes.Repeat([]byte{7}, 32))
+	if _, err := other.Open(s1, "provider-1/API_KEY"); !errors.Is(err, credentials.ErrKEKMismatch) {
+		t.Errorf("Open under another KEK = %v, want ErrKEKMismatch", err)
+	}
+}
+
+func TestLoadOrCreateKEK(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kek")
+	k1, err := credentials.LoadOrCreateKEK(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("KEK file mode = %04o, want 0600", fi.Mode().Perm())
+	}
+	k2, err := credentials.LoadOrCreateKEK(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k1.ID() != k2.ID() {
+		t.Errorf("reloaded KEK id = %s, want %s", k2.ID(), k1.ID())
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := credentials.LoadOrCreateKEK(path); err == nil {
+		t.Error("a world-readable KEK file was accepted")
+	}
+}
+
+func TestParseKEK(t *testing.T) {
+	if _, err := credentials.ParseKEK("c2hvcnQ="); err == nil {
+		t.Error("a 5-byte key was accepted")
+	}
+	if _, err := credentials.ParseKEK("0000000000000000000000000000000000000000000000000000000000000000"); err != nil {
+		t.Errorf("hex key refused: %v", err)
+	}
+}
+
+func TestPlaceholder(t *testing.T) {
+	p := credentials.Placeholder("GITHUB_TOKEN")
+	if p != "openshell:resolve:env:GITHUB_TOKEN" {
+		t.Errorf("Placeholder = %q", p)
+	}
+	if k, ok := credentials.ParsePlaceholder(p); !ok || k != "GITHUB_TOKEN" {
+		t.Errorf("ParsePlaceholder(%q) = %q, %v", p, k, ok)
+	}
+	for _, bad := range []string{"GITHUB_TOKEN", "openshell:resolve:env:", "openshell:resolve:env:1X", "openshell:resolve:env:A-B"} {
+		if _, ok := credentials.ParsePlaceholder(bad); ok {
+			t.Errorf("ParsePlaceholder(%q) accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,16 @@
+// Package credentials keeps provider credential values encrypted at rest
+// and names them to sandboxes by opaque placeholders.
+//
+// Encryption is an AES-256-GCM envelope: every sealed value gets its own
+// random 256-bit data key; the value is encrypted under the data key and
+// the data key is wrapped (AES-256-GCM again) under the gateway's
+// key-encryption key (KEK). The sealed form records the KEK's id, so a
+// later rotation can tell which records still need re-wrapping. Both
+// encryptions bind associated data naming the record (provider id and
+// credential key), so a sealed value copied onto another record does not
+// open.
+//
+// The KEK comes from an environment variable (base64 of 32 bytes) or from a
+// 0600 file that LoadOrCreateKEK generates on first start. A Keyring is
+// safe for concurrent use.
+package credentials
