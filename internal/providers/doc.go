@@ -1,0 +1,16 @@
+// Package providers is the gateway's provider domain: validation of
+// provider records with OpenShell's rules and texts, and the provider
+// store, which keeps credential values only in sealed form (see
+// internal/credentials) and hands out redacted copies.
+//
+// A stored provider row (object type "provider") never holds a plaintext
+// credential: Provider.credentials is empty and every value lives in
+// Provider.credential_handles[key] as {driver "gateway-aes256gcm", handle
+// = ciphertext, metadata = {kek_id, wrapped_data_key}}, sealed with the
+// associated data "<provider id>/<key>". Values leave the store only
+// through Resolve, which refuses expired credentials.
+//
+// Store is safe for concurrent use; every write is conditional on the
+// resource version read (CAS), conflicts are *store.ConflictError
+// (Aborted).
+package providers
