@@ -29,6 +29,7 @@ import (
 	"github.com/openshell-go/openshell/internal/api/supervisors"
 	"github.com/openshell-go/openshell/internal/api/workspaces"
 	"github.com/openshell-go/openshell/internal/lifecycle"
+	domainproviders "github.com/openshell-go/openshell/internal/providers"
 	"github.com/openshell-go/openshell/internal/relay"
 	"github.com/openshell-go/openshell/internal/sandboxlog"
 	"github.com/openshell-go/openshell/internal/store"
@@ -41,6 +42,10 @@ type Options struct {
 	Logs   *sandboxlog.Buffer // nil: a fresh buffer
 	Store  store.Store
 	Minter identity.TokenMinter // nil: sandbox token RPCs are Unavailable
+	// Providers stores providers with sealed credentials; the gateway
+	// shares it with lifecycle's ProviderExists. nil: a store without a
+	// key-encryption key (providers with credentials are Unavailable).
+	Providers *domainproviders.Store
 	// SSHSessionTTL bounds CreateSshSession tokens; 0 means no expiry.
 	SSHSessionTTL time.Duration
 	// Gateway address reported in CreateSshSession responses.
@@ -108,6 +113,9 @@ func New(o Options) *Service {
 	if o.Logs == nil {
 		o.Logs = sandboxlog.New(0)
 	}
+	if o.Providers == nil {
+		o.Providers = domainproviders.NewStore(domainproviders.Options{Objects: o.Store, Now: o.Now})
+	}
 	az := authz.New(authz.Options{Store: o.Store, Sandboxes: o.Engine, OIDC: o.OIDC, AdminRole: o.AdminRole})
 	gatewayLog := func(sandboxID, level, msg string) {
 		o.Logs.Append(&openshellv1.SandboxLogLine{
@@ -134,7 +142,7 @@ func New(o Options) *Service {
 		workspacesAPI:  workspaces.New(workspaces.Options{Store: o.Store, Engine: o.Engine, Authz: az, Logger: o.Logger}),
 		identityAPI:    identity.New(identity.Options{Sandboxes: o.Engine, Minter: o.Minter}),
 		policyAPI:      policy.New(policy.Options{Engine: o.Engine, Store: o.Store, Authz: az, Now: o.Now}),
-		providersAPI:   providers.New(providers.Options{Engine: o.Engine, Authz: az}),
+		providersAPI:   providers.New(providers.Options{Engine: o.Engine, Authz: az, Providers: o.Providers}),
 		supervisorsAPI: supervisors.New(supervisors.Options{Engine: o.Engine, Relay: o.Relay, GatewayLog: gatewayLog}),
 		Authz:          az,
 	}

@@ -37,9 +37,11 @@ import (
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/compute/remote"
 	"github.com/openshell-go/openshell/internal/config"
+	"github.com/openshell-go/openshell/internal/credentials"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/lifecycle"
 	"github.com/openshell-go/openshell/internal/pki"
+	"github.com/openshell-go/openshell/internal/providers"
 	"github.com/openshell-go/openshell/internal/relay"
 	"github.com/openshell-go/openshell/internal/sandboxlog"
 	"github.com/openshell-go/openshell/internal/server"
@@ -194,8 +196,16 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	if issuer != nil {
 		minter = issuer
 	}
+	// Provider credentials are sealed under a key-encryption key kept
+	// next to the gateway's state (created 0600 on first start).
+	keyring, err := credentials.LoadOrCreateKEK(filepath.Join(cfg.StateDir, "credentials.kek"))
+	if err != nil {
+		return err
+	}
+	provs := providers.NewStore(providers.Options{Objects: st, Keyring: keyring})
 	engine, err := lifecycle.New(ctx, lifecycle.Options{
 		Store: lifecycle.ObjectStore{S: st}, Driver: driver, DriverName: driverName, Issuer: minter, Logger: logger,
+		ProviderExists: provs.Exists,
 		// A create checks its workspace again once its row is in, so that
 		// it cannot land in a workspace being deleted.
 		WorkspaceAccepts: apiauthz.New(apiauthz.Options{Store: st}).WorkspaceAcceptsSandboxes,
@@ -222,7 +232,7 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 		apiMinter = issuer
 	}
 	sandboxes := api.New(api.Options{
-		Engine: engine, Relay: relays, Logs: sandboxlog.New(0), Store: st, Minter: apiMinter,
+		Engine: engine, Relay: relays, Logs: sandboxlog.New(0), Store: st, Minter: apiMinter, Providers: provs,
 		SSHSessionTTL: cfg.SSHSessionTTL, GatewayHost: host, GatewayPort: port, GatewayScheme: scheme, Logger: logger,
 		OIDC: cfg.OIDC.Enabled(), AdminRole: cfg.OIDC.AdminRole,
 	})

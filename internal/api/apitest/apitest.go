@@ -19,8 +19,10 @@ import (
 	"github.com/openshell-go/openshell/internal/api/authz"
 	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/compute"
+	"github.com/openshell-go/openshell/internal/credentials"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/lifecycle"
+	"github.com/openshell-go/openshell/internal/providers"
 	"github.com/openshell-go/openshell/internal/store"
 	"github.com/openshell-go/openshell/internal/store/open"
 )
@@ -122,6 +124,9 @@ type Env struct {
 	Store  store.Store
 	Engine *lifecycle.Engine
 	Driver *FakeDriver
+	// Providers seals credentials under a key made for the test; the
+	// engine's ProviderExists asks it.
+	Providers *providers.Store
 }
 
 // NewEnv returns an Env over a real SQLite store in t.TempDir holding the
@@ -135,14 +140,19 @@ func NewEnv(t testing.TB) *Env {
 	t.Cleanup(func() { _ = st.Close() })
 	CreateWorkspace(t, st, "default")
 	d := NewFakeDriver()
+	kr, err := credentials.LoadOrCreateKEK(t.TempDir() + "/credentials.kek")
+	if err != nil {
+		t.Fatal(err)
+	}
+	provs := providers.NewStore(providers.Options{Objects: st, Keyring: kr})
 	eng, err := lifecycle.New(t.Context(), lifecycle.Options{
-		Store: lifecycle.ObjectStore{S: st}, Driver: d,
+		Store: lifecycle.ObjectStore{S: st}, Driver: d, ProviderExists: provs.Exists,
 		WorkspaceAccepts: authz.New(authz.Options{Store: st}).WorkspaceAcceptsSandboxes,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Env{Store: st, Engine: eng, Driver: d}
+	return &Env{Store: st, Engine: eng, Driver: d, Providers: provs}
 }
 
 // Authz returns the authorizer of a gateway with OIDC on or off.

@@ -2,23 +2,88 @@ package providers_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"google.golang.org/grpc/codes"
 
+	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/api/apitest"
 	"github.com/openshell-go/openshell/internal/api/providers"
 )
 
-// TestAuthorization: users of the sandbox's workspace list its providers;
-// only the sandbox's own supervisor reads its provider environment.
+func newService(f *apitest.Env, oidc bool) *providers.Service {
+	return providers.New(providers.Options{Engine: f.Engine, Authz: f.Authz(oidc), Providers: f.Providers})
+}
+
+func github(name, token string) *datamodelv1.Provider {
+	return &datamodelv1.Provider{
+		Metadata: &datamodelv1.ObjectMeta{Name: name}, Type: "github",
+		Credentials: map[string]string{"GITHUB_TOKEN": token},
+	}
+}
+
+// TestAuthorization: provider reads need membership of the workspace,
+// provider writes its admin role, listing every workspace a platform
+// admin; attachments follow the sandbox (user role); only the sandbox's
+// own supervisor reads its provider environment.
 func TestAuthorization(t *testing.T) {
 	f := apitest.NewFixture(t)
-	svc := providers.New(providers.Options{Engine: f.Engine, Authz: f.Authz(true)})
+	svc := newService(f.Env, true)
+	for _, ws := range []string{"team-a", "team-b"} {
+		if _, err := f.Providers.Create(t.Context(), ws, github("gh", "secret")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var n atomic.Int64
 	calls := []apitest.Call{
+		{Name: "CreateProvider", Do: func(ctx context.Context) error {
+			_, err := svc.CreateProvider(ctx, &openshellv1.CreateProviderRequest{Workspace: "team-a", Provider: github(fmt.Sprintf("p%d", n.Add(1)), "s")})
+			return err
+		}},
+		{Name: "GetProvider", Do: func(ctx context.Context) error {
+			_, err := svc.GetProvider(ctx, &openshellv1.GetProviderRequest{Workspace: "team-a", Name: "gh"})
+			return err
+		}},
+		{Name: "ListProviders", Do: func(ctx context.Context) error {
+			_, err := svc.ListProviders(ctx, &openshellv1.ListProvidersRequest{Workspace: "team-a"})
+			return err
+		}},
+		{Name: "ListProviders(all)", Do: func(ctx context.Context) error {
+			_, err := svc.ListProviders(ctx, &openshellv1.ListProvidersRequest{AllWorkspaces: true})
+			return err
+		}},
+		{Name: "UpdateProvider", Do: func(ctx context.Context) error {
+			_, err := svc.UpdateProvider(ctx, &openshellv1.UpdateProviderRequest{Workspace: "team-a", Provider: &datamodelv1.Provider{
+				Metadata: &datamodelv1.ObjectMeta{Name: "gh"}, Config: map[string]string{"K": "v"},
+			}})
+			return err
+		}},
+		{Name: "DeleteProvider", Do: func(ctx context.Context) error {
+			_, err := svc.DeleteProvider(ctx, &openshellv1.DeleteProviderRequest{Workspace: "team-a", Name: "missing"})
+			return err
+		}},
+		{Name: "ListProviderProfiles", Do: func(ctx context.Context) error {
+			_, err := svc.ListProviderProfiles(ctx, &openshellv1.ListProviderProfilesRequest{Workspace: "team-a"})
+			return err
+		}},
+		{Name: "GetProviderProfile", Do: func(ctx context.Context) error {
+			_, err := svc.GetProviderProfile(ctx, &openshellv1.GetProviderProfileRequest{Workspace: "team-a", Id: "github"})
+			return err
+		}},
 		{Name: "ListSandboxProviders", Do: func(ctx context.Context) error {
 			_, err := svc.ListSandboxProviders(ctx, &openshellv1.ListSandboxProvidersRequest{SandboxName: "sb", Workspace: "team-a"})
+			return err
+		}},
+		{Name: "AttachSandboxProvider", Do: func(ctx context.Context) error {
+			_, err := svc.AttachSandboxProvider(ctx, &openshellv1.AttachSandboxProviderRequest{SandboxName: "sb", Workspace: "team-a", ProviderName: "gh"})
+			return err
+		}},
+		{Name: "DetachSandboxProvider", Do: func(ctx context.Context) error {
+			_, err := svc.DetachSandboxProvider(ctx, &openshellv1.DetachSandboxProviderRequest{SandboxName: "sb", Workspace: "team-a", ProviderName: "gh"})
 			return err
 		}},
 		{Name: "GetSandboxProviderEnvironment", Do: func(ctx context.Context) error {
@@ -27,16 +92,285 @@ func TestAuthorization(t *testing.T) {
 		}},
 	}
 	const (
-		ok     = codes.OK
-		nf     = codes.NotFound
-		denied = codes.PermissionDenied
+		ok = codes.OK
+		nf = codes.NotFound
+		pd = codes.PermissionDenied
 	)
 	apitest.Matrix(t, calls, []apitest.Case{
-		{Name: "local dev", P: apitest.LocalDev, Want: []codes.Code{ok, denied}},
-		{Name: "platform admin", P: apitest.OIDCRoot, Want: []codes.Code{ok, denied}},
-		{Name: "workspace user", P: apitest.OIDCUser("ua"), Want: []codes.Code{ok, denied}},
-		{Name: "non-member", P: apitest.OIDCUser("stranger"), Want: []codes.Code{nf, denied}},
-		{Name: "own sandbox", P: apitest.Sandbox(f.SandboxA), Want: []codes.Code{nf, ok}},
-		{Name: "other sandbox", P: apitest.Sandbox(f.SandboxB), Want: []codes.Code{nf, denied}},
+		{Name: "local dev", P: apitest.LocalDev, Want: []codes.Code{ok, ok, ok, ok, ok, ok, ok, ok, ok, ok, ok, pd}},
+		{Name: "platform admin", P: apitest.OIDCRoot, Want: []codes.Code{ok, ok, ok, ok, ok, ok, ok, ok, ok, ok, ok, pd}},
+		{Name: "workspace admin", P: apitest.OIDCUser("aa"), Want: []codes.Code{ok, ok, ok, pd, ok, ok, ok, ok, ok, ok, ok, pd}},
+		{Name: "workspace user", P: apitest.OIDCUser("ua"), Want: []codes.Code{pd, ok, ok, pd, pd, pd, ok, ok, ok, ok, ok, pd}},
+		{Name: "non-member", P: apitest.OIDCUser("stranger"), Want: []codes.Code{pd, pd, pd, pd, pd, pd, pd, pd, nf, nf, nf, pd}},
+		{Name: "own sandbox", P: apitest.Sandbox(f.SandboxA), Want: []codes.Code{pd, pd, pd, pd, pd, pd, pd, pd, nf, nf, nf, ok}},
+		{Name: "other sandbox", P: apitest.Sandbox(f.SandboxB), Want: []codes.Code{pd, pd, pd, pd, pd, pd, pd, pd, nf, nf, nf, pd}},
 	})
+}
+
+// TestCreateValidation: OpenShell's rules and texts for a new provider.
+func TestCreateValidation(t *testing.T) {
+	env := apitest.NewEnv(t)
+	svc := newService(env, false)
+	ctx := t.Context()
+	if _, err := svc.CreateProvider(ctx, &openshellv1.CreateProviderRequest{Provider: github("gh", "s")}); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("x", 8193)
+	many := map[string]string{}
+	for i := range 33 {
+		many[fmt.Sprintf("K%d", i)] = "v"
+	}
+	for _, tc := range []struct {
+		name string
+		p    *datamodelv1.Provider
+		code codes.Code
+		msg  string
+	}{
+		{"no provider", nil, codes.InvalidArgument, "provider is required"},
+		{"no type", &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "a"}, Credentials: map[string]string{"K": "v"}}, codes.InvalidArgument, "provider.type is required"},
+		{"no name", &datamodelv1.Provider{Type: "github", Credentials: map[string]string{"K": "v"}}, codes.InvalidArgument, "provider metadata.name cannot be empty"},
+		{"unknown type", &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "a"}, Type: "no-such", Credentials: map[string]string{"K": "v"}}, codes.InvalidArgument, "unsupported provider type: no-such"},
+		{"handles supplied", &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "a"}, Type: "github", Credentials: map[string]string{"K": "v"},
+			CredentialHandles: map[string]*datamodelv1.CredentialHandle{"X": {Driver: "d"}}}, codes.InvalidArgument, "provider.credential_handles is internal gateway state and cannot be supplied"},
+		{"empty credentials", &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "a"}, Type: "github"}, codes.InvalidArgument, "provider.credentials must not be empty"},
+		{"empty credentials generic", &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "a"}, Type: "generic"}, codes.InvalidArgument, "provider.credentials must not be empty"},
+		{"value too long", &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "a"}, Type: "github", Credentials: map[string]string{"K": long}}, codes.InvalidArgument, "provider.credentials value exceeds maximum length (8193 > 8192)"},
+		{"too many credentials", &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "a"}, Type: "generic", Credentials: many}, codes.InvalidArgument, "provider.credentials exceeds maximum entries (33 > 32)"},
+		{"empty key", &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "a"}, Type: "generic", Credentials: map[string]string{"": "v"}}, codes.InvalidArgument, "provider.credentials key must not be empty"},
+		{"name too long", &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: strings.Repeat("n", 254)}, Type: "generic", Credentials: map[string]string{"K": "v"}}, codes.InvalidArgument, "provider.name exceeds maximum length (254 > 253)"},
+		{"negative expiry", &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "a"}, Type: "generic", Credentials: map[string]string{"K": "v"}, CredentialExpiresAtMs: map[string]int64{"K": -1}}, codes.InvalidArgument, "provider.credential_expires_at_ms value must be greater than or equal to 0"},
+		{"profile workspace", &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "a"}, Type: "generic", Credentials: map[string]string{"K": "v"}, ProfileWorkspace: "other"}, codes.InvalidArgument, "profile_workspace must be empty (global) or match the provider workspace"},
+		{"duplicate", github("gh", "s"), codes.AlreadyExists, "provider 'gh' already exists"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := svc.CreateProvider(ctx, &openshellv1.CreateProviderRequest{Provider: tc.p})
+			apitest.WantErr(t, "CreateProvider", err, tc.code, tc.msg)
+			if err != nil && strings.Contains(err.Error(), long) {
+				t.Error("the error carries the credential value")
+			}
+		})
+	}
+	// A profile without required credentials takes none.
+	if _, err := svc.CreateProvider(ctx, &openshellv1.CreateProviderRequest{Provider: &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "pypi"}, Type: "PyPI"}}); err != nil {
+		t.Errorf("pypi without credentials: %v", err)
+	}
+}
+
+// TestCRUD: responses redact every value; update merges and honours
+// expected_resource_version; delete follows OpenShell.
+func TestCRUD(t *testing.T) {
+	env := apitest.NewEnv(t)
+	svc := newService(env, false)
+	ctx := t.Context()
+	created, err := svc.CreateProvider(ctx, &openshellv1.CreateProviderRequest{Provider: github("gh", "tok-1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rv := created.GetProvider().GetMetadata().GetResourceVersion()
+	got, err := svc.GetProvider(ctx, &openshellv1.GetProviderRequest{Name: "gh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := got.GetProvider().GetCredentials(); len(c) != 1 || c["GITHUB_TOKEN"] != "REDACTED" || len(got.GetProvider().GetCredentialHandles()) != 0 {
+		t.Errorf("GetProvider credentials = %v, handles = %v; want GITHUB_TOKEN=REDACTED and no handles", c, got.GetProvider().GetCredentialHandles())
+	}
+	if got.GetProvider().GetMetadata().GetWorkspace() != "default" || got.GetProvider().GetType() != "github" {
+		t.Errorf("GetProvider metadata = %v", got.GetProvider().GetMetadata())
+	}
+	_, err = svc.GetProvider(ctx, &openshellv1.GetProviderRequest{Name: "nope"})
+	apitest.WantErr(t, "GetProvider(missing)", err, codes.NotFound, "provider 'nope' not found")
+
+	upd, err := svc.UpdateProvider(ctx, &openshellv1.UpdateProviderRequest{
+		Provider: &datamodelv1.Provider{
+			Metadata:    &datamodelv1.ObjectMeta{Name: "gh", ResourceVersion: rv},
+			Credentials: map[string]string{"GITHUB_TOKEN": "", "GH_TOKEN": "tok-2"}, Config: map[string]string{"base": "x"},
+		},
+		CredentialExpiresAtMs: map[string]int64{"GH_TOKEN": 4_000_000_000_000},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := upd.GetProvider()
+	if c := p.GetCredentials(); len(c) != 1 || c["GH_TOKEN"] != "REDACTED" || p.GetConfig()["base"] != "x" || p.GetCredentialExpiresAtMs()["GH_TOKEN"] != 4_000_000_000_000 {
+		t.Errorf("after update: credentials %v config %v expiry %v", c, p.GetConfig(), p.GetCredentialExpiresAtMs())
+	}
+	_, err = svc.UpdateProvider(ctx, &openshellv1.UpdateProviderRequest{Provider: &datamodelv1.Provider{
+		Metadata: &datamodelv1.ObjectMeta{Name: "gh", ResourceVersion: rv}, Config: map[string]string{"base": "y"},
+	}})
+	apitest.WantErr(t, "UpdateProvider(stale)", err, codes.Aborted, "provider 'gh' was modified concurrently")
+	_, err = svc.UpdateProvider(ctx, &openshellv1.UpdateProviderRequest{Provider: &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "gh"}, Type: "gitlab"}})
+	apitest.WantErr(t, "UpdateProvider(type)", err, codes.InvalidArgument, "provider type cannot be changed; delete and recreate the provider")
+	_, err = svc.UpdateProvider(ctx, &openshellv1.UpdateProviderRequest{Provider: &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "nope"}}})
+	apitest.WantErr(t, "UpdateProvider(missing)", err, codes.NotFound, "provider 'nope' not found")
+
+	list, err := svc.ListProviders(ctx, &openshellv1.ListProvidersRequest{})
+	if err != nil || len(list.GetProviders()) != 1 || list.GetProviders()[0].GetCredentials()["GH_TOKEN"] != "REDACTED" {
+		t.Fatalf("ListProviders = %v, %v", list, err)
+	}
+	_, err = svc.ListProviders(ctx, &openshellv1.ListProvidersRequest{AllWorkspaces: true, Workspace: "x"})
+	apitest.WantErr(t, "ListProviders(both)", err, codes.InvalidArgument, "all_workspaces and workspace are mutually exclusive")
+
+	// Delete while attached is refused, naming the sandbox.
+	if _, err := env.Engine.Create(ctx, &openshellv1.CreateSandboxRequest{Name: "sb1", Spec: &openshellv1.SandboxSpec{Providers: []string{"gh"}}}); err != nil {
+		t.Fatalf("create a sandbox naming an existing provider: %v", err)
+	}
+	_, err = svc.DeleteProvider(ctx, &openshellv1.DeleteProviderRequest{Name: "gh"})
+	apitest.WantErr(t, "DeleteProvider(attached)", err, codes.FailedPrecondition, "provider 'gh' is attached to sandbox(es): sb1")
+	if _, err := svc.DetachSandboxProvider(ctx, &openshellv1.DetachSandboxProviderRequest{SandboxName: "sb1", ProviderName: "gh"}); err != nil {
+		t.Fatal(err)
+	}
+	del, err := svc.DeleteProvider(ctx, &openshellv1.DeleteProviderRequest{Name: "gh"})
+	if err != nil || !del.GetDeleted() {
+		t.Fatalf("DeleteProvider = %v, %v, want deleted", del, err)
+	}
+	del, err = svc.DeleteProvider(ctx, &openshellv1.DeleteProviderRequest{Name: "gh"})
+	if err != nil || del.GetDeleted() {
+		t.Fatalf("DeleteProvider(again) = %v, %v, want not deleted", del, err)
+	}
+	_, err = env.Engine.Create(ctx, &openshellv1.CreateSandboxRequest{Name: "sb2", Spec: &openshellv1.SandboxSpec{Providers: []string{"gh"}}})
+	apitest.WantErr(t, "create naming a deleted provider", err, codes.FailedPrecondition, "provider 'gh' not found")
+}
+
+// TestAttachDetach: attach and detach are idempotent, conditioned on
+// expected_resource_version, and refuse unknown providers.
+func TestAttachDetach(t *testing.T) {
+	env := apitest.NewEnv(t)
+	svc := newService(env, false)
+	ctx := t.Context()
+	if _, err := env.Providers.Create(ctx, "default", github("gh", "s")); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := env.Engine.Create(ctx, &openshellv1.CreateSandboxRequest{Name: "sb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = svc.AttachSandboxProvider(ctx, &openshellv1.AttachSandboxProviderRequest{SandboxName: "sb", ProviderName: "nope"})
+	apitest.WantErr(t, "attach unknown", err, codes.FailedPrecondition, "provider 'nope' not found")
+	_, err = svc.AttachSandboxProvider(ctx, &openshellv1.AttachSandboxProviderRequest{SandboxName: "sb"})
+	apitest.WantErr(t, "attach nameless", err, codes.InvalidArgument, "provider_name is required")
+
+	cur, err := env.Engine.Get(ctx, "", "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := sb.GetMetadata().GetResourceVersion()
+	if cur.GetMetadata().GetResourceVersion() == stale {
+		// Make the create-time version stale for sure.
+		if _, _, err := env.Engine.EditProviders(ctx, "", "sb", 0, func(p []string) ([]string, bool) { return append(p, "x"), true }); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := env.Engine.EditProviders(ctx, "", "sb", 0, func([]string) ([]string, bool) { return nil, true }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = svc.AttachSandboxProvider(ctx, &openshellv1.AttachSandboxProviderRequest{SandboxName: "sb", ProviderName: "gh", ExpectedResourceVersion: stale})
+	apitest.WantErr(t, "attach at a stale version", err, codes.Aborted, `sandbox "sb" was modified concurrently`)
+
+	cur, _ = env.Engine.Get(ctx, "", "sb")
+	a, err := svc.AttachSandboxProvider(ctx, &openshellv1.AttachSandboxProviderRequest{SandboxName: "sb", ProviderName: "gh", ExpectedResourceVersion: cur.GetMetadata().GetResourceVersion()})
+	if err != nil || !a.GetAttached() || len(a.GetSandbox().GetSpec().GetProviders()) != 1 {
+		t.Fatalf("attach = %v, %v", a, err)
+	}
+	a, err = svc.AttachSandboxProvider(ctx, &openshellv1.AttachSandboxProviderRequest{SandboxName: "sb", ProviderName: "gh"})
+	if err != nil || a.GetAttached() {
+		t.Fatalf("attach again = %v, %v, want attached=false", a, err)
+	}
+	l, err := svc.ListSandboxProviders(ctx, &openshellv1.ListSandboxProvidersRequest{SandboxName: "sb"})
+	if err != nil || len(l.GetProviders()) != 1 || l.GetProviders()[0].GetCredentials()["GITHUB_TOKEN"] != "REDACTED" {
+		t.Fatalf("ListSandboxProviders = %v, %v", l, err)
+	}
+	_, err = svc.DetachSandboxProvider(ctx, &openshellv1.DetachSandboxProviderRequest{SandboxName: "sb", ProviderName: "gh", ExpectedResourceVersion: stale})
+	apitest.WantErr(t, "detach at a stale version", err, codes.Aborted, `sandbox "sb" was modified concurrently`)
+	d, err := svc.DetachSandboxProvider(ctx, &openshellv1.DetachSandboxProviderRequest{SandboxName: "sb", ProviderName: "gh"})
+	if err != nil || !d.GetDetached() || len(d.GetSandbox().GetSpec().GetProviders()) != 0 {
+		t.Fatalf("detach = %v, %v", d, err)
+	}
+	d, err = svc.DetachSandboxProvider(ctx, &openshellv1.DetachSandboxProviderRequest{SandboxName: "sb", ProviderName: "gh"})
+	if err != nil || d.GetDetached() {
+		t.Fatalf("detach again = %v, %v, want detached=false", d, err)
+	}
+}
+
+// TestSandboxEnvironment: the calling sandbox gets placeholders for its
+// attached providers' keys, never a value; the revision follows provider
+// updates and detaches; expired credentials are left out.
+func TestSandboxEnvironment(t *testing.T) {
+	env := apitest.NewEnv(t)
+	svc := newService(env, false)
+	ctx := t.Context()
+	const token = "ghp_the-real-token"
+	if _, err := env.Providers.Create(ctx, "default", github("gh", token)); err != nil {
+		t.Fatal(err)
+	}
+	nv := &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "nv"}, Type: "nvidia",
+		Credentials: map[string]string{"NVIDIA_API_KEY": "nvapi-real", "not-an-env-name": "x"}, CredentialExpiresAtMs: map[string]int64{"NVIDIA_API_KEY": 1}}
+	if _, err := env.Providers.Create(ctx, "default", nv); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := env.Engine.Create(ctx, &openshellv1.CreateSandboxRequest{Name: "sb", Spec: &openshellv1.SandboxSpec{Providers: []string{"gh", "nv"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := env.Engine.Create(ctx, &openshellv1.CreateSandboxRequest{Name: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(id string) *openshellv1.GetSandboxProviderEnvironmentResponse {
+		t.Helper()
+		r, err := svc.GetSandboxProviderEnvironment(apitest.As(ctx, apitest.Sandbox(id)), &openshellv1.GetSandboxProviderEnvironmentRequest{SandboxId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	r := get(sb.GetMetadata().GetId())
+	if len(r.GetEnvironment()) != 1 || r.GetEnvironment()["GITHUB_TOKEN"] != "openshell:resolve:env:GITHUB_TOKEN" {
+		t.Errorf("environment = %v, want only GITHUB_TOKEN's placeholder (NVIDIA_API_KEY expired)", r.GetEnvironment())
+	}
+	if fmt.Sprint(r) != "" && strings.Contains(fmt.Sprint(r), token) {
+		t.Error("the response carries the credential value")
+	}
+	rev := r.GetProviderEnvRevision()
+	if rev == 0 {
+		t.Error("provider_env_revision is 0 with providers attached")
+	}
+	if o := get(other.GetMetadata().GetId()); len(o.GetEnvironment()) != 0 || o.GetProviderEnvRevision() != 0 {
+		t.Errorf("a sandbox without providers got %v", o)
+	}
+	if _, err := env.Providers.Update(ctx, "default", &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "gh"}, Credentials: map[string]string{"GITHUB_TOKEN": "ghp_rotated"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	r2 := get(sb.GetMetadata().GetId())
+	if r2.GetProviderEnvRevision() == rev {
+		t.Error("provider_env_revision did not change when an attached provider changed")
+	}
+	if _, err := svc.DetachSandboxProvider(ctx, &openshellv1.DetachSandboxProviderRequest{SandboxName: "sb", ProviderName: "gh"}); err != nil {
+		t.Fatal(err)
+	}
+	r3 := get(sb.GetMetadata().GetId())
+	if _, ok := r3.GetEnvironment()["GITHUB_TOKEN"]; ok || r3.GetProviderEnvRevision() == r2.GetProviderEnvRevision() {
+		t.Errorf("after detach: environment %v revision %d (was %d)", r3.GetEnvironment(), r3.GetProviderEnvRevision(), r2.GetProviderEnvRevision())
+	}
+}
+
+// TestProfiles: the built-in catalog is listed and paged; an unknown id
+// is NotFound.
+func TestProfiles(t *testing.T) {
+	env := apitest.NewEnv(t)
+	svc := newService(env, false)
+	ctx := t.Context()
+	all, err := svc.ListProviderProfiles(ctx, &openshellv1.ListProviderProfilesRequest{})
+	if err != nil || len(all.GetProfiles()) < 19 {
+		t.Fatalf("ListProviderProfiles = %d profiles, %v", len(all.GetProfiles()), err)
+	}
+	page, err := svc.ListProviderProfiles(ctx, &openshellv1.ListProviderProfilesRequest{Limit: 2, Offset: 1})
+	if err != nil || len(page.GetProfiles()) != 2 || page.GetProfiles()[0].GetId() != all.GetProfiles()[1].GetId() {
+		t.Fatalf("page = %v, %v", page, err)
+	}
+	p, err := svc.GetProviderProfile(ctx, &openshellv1.GetProviderProfileRequest{Id: "nvidia"})
+	if err != nil || p.GetProfile().GetEndpoints()[0].GetHost() != "integrate.api.nvidia.com" || !p.GetProfile().GetInferenceCapable() {
+		t.Fatalf("GetProviderProfile(nvidia) = %v, %v", p, err)
+	}
+	_, err = svc.GetProviderProfile(ctx, &openshellv1.GetProviderProfileRequest{Id: "nope"})
+	apitest.WantErr(t, "GetProviderProfile(nope)", err, codes.NotFound, "provider profile 'nope' not found")
 }
