@@ -72,9 +72,10 @@ type Options struct {
 }
 
 // Engine owns sandbox lifecycle: it persists intent before touching
-// compute, serializes stop/start/delete per sandbox, reconciles driver
-// events into the store and composes the public phase from the backend
-// state and the supervisor session.
+// compute, makes every change to a sandbox's row under that sandbox's gate
+// (see the package documentation), reconciles driver events into the store
+// and composes the public phase from the backend state and the supervisor
+// session. An Engine is safe for concurrent use.
 type Engine struct {
 	store      Store
 	driver     compute.Driver
