@@ -21,19 +21,24 @@ import (
 // confinement (internal/supervisor/isolation): confErr is the error of
 // building it for p (an identity the supervisor cannot switch to, a
 // Landlock hard_requirement it cannot meet), and then no agent process
-// starts. The network sections are not enforced: there is no egress proxy
-// yet. See docs/security.md.
-func enforcement(p *sandboxv1.SandboxPolicy, confErr error) error {
+// starts. network_policies are enforced by the egress proxy
+// (internal/supervisor/egress): netErr is the error of installing them,
+// nil only when the proxy runs and enforces every rule as written (it is
+// not running without a network namespace and host dialer of the
+// sandbox's own; L7 and TLS termination endpoints are not implemented and
+// are denied). network_middlewares are not run by anything. See
+// docs/security.md.
+func enforcement(p *sandboxv1.SandboxPolicy, confErr, netErr error) error {
 	var errs []error
 	if confErr != nil {
 		errs = append(errs, fmt.Errorf("agent confinement failed, no agent process starts: %w", confErr))
 	}
-	if n := p.GetNetworkPolicies(); len(n) > 0 {
-		errs = append(errs, fmt.Errorf("network policies are not enforced by this supervisor: there is no egress proxy (rules: %s)",
-			strings.Join(slices.Sorted(maps.Keys(n)), ", ")))
+	if n := p.GetNetworkPolicies(); len(n) > 0 && netErr != nil {
+		errs = append(errs, fmt.Errorf("network policies are not enforced as written: %w (rules: %s)",
+			netErr, strings.Join(slices.Sorted(maps.Keys(n)), ", ")))
 	}
 	if m := p.GetNetworkMiddlewares(); len(m) > 0 {
-		errs = append(errs, fmt.Errorf("network middlewares are not enforced by this supervisor: there is no egress proxy (middlewares: %s)",
+		errs = append(errs, fmt.Errorf("network middlewares are not enforced by this supervisor: the egress proxy runs no middlewares (middlewares: %s)",
 			strings.Join(slices.Sorted(maps.Keys(m)), ", ")))
 	}
 	return joinErrs(errs)

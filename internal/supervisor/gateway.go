@@ -102,13 +102,14 @@ func retryable(err error) bool {
 
 // bootstrapConfig fetches the sandbox configuration, seeding the default
 // policy when the gateway has none, builds the agent confinement from the
-// policy with prepare, and reports the policy's status: LOADED when
+// policy and installs its network rules in the egress proxy with prepare,
+// and reports the policy's status: LOADED when
 // enforcement accepts every section, FAILED with the reason otherwise. A
 // policy that cannot be enforced is not a startup failure: the revision
 // says so, and when the confinement itself failed every agent spawn fails
 // closed. Transient failures are retried with backoff until
 // cfg.StartupTimeout.
-func bootstrapConfig(ctx context.Context, log *slog.Logger, client openshellv1.OpenShellClient, cfg Config, prepare func(*sandboxv1.SandboxPolicy) error) error {
+func bootstrapConfig(ctx context.Context, log *slog.Logger, client openshellv1.OpenShellClient, cfg Config, prepare func(*sandboxv1.SandboxPolicy) (confErr, netErr error)) error {
 	ctx, cancel := context.WithTimeout(ctx, cfg.StartupTimeout)
 	defer cancel()
 	b := newBackoff(200*time.Millisecond, 5*time.Second)
@@ -151,7 +152,7 @@ func bootstrapConfig(ctx context.Context, log *slog.Logger, client openshellv1.O
 		}
 	}
 	log.Info("sandbox configuration loaded", "policy_version", resp.GetVersion(), "policy_hash", resp.GetPolicyHash())
-	confErr := prepare(resp.GetPolicy())
+	confErr, netErr := prepare(resp.GetPolicy())
 	if confErr != nil {
 		log.Error("cannot confine agent processes as the policy asks; they will not start", "policy_version", resp.GetVersion(), "err", confErr)
 	}
@@ -164,7 +165,7 @@ func bootstrapConfig(ctx context.Context, log *slog.Logger, client openshellv1.O
 		Version:   resp.GetVersion(),
 		Status:    openshellv1.PolicyStatus_POLICY_STATUS_LOADED,
 	}
-	if err := enforcement(resp.GetPolicy(), confErr); err != nil {
+	if err := enforcement(resp.GetPolicy(), confErr, netErr); err != nil {
 		// A report, not a stop: the sandbox keeps running and the
 		// revision says truthfully what is not enforced.
 		report.Status, report.LoadError = openshellv1.PolicyStatus_POLICY_STATUS_FAILED, err.Error()

@@ -219,7 +219,8 @@ func TestAgentRunsAsPolicyUser(t *testing.T) {
 // TestPolicyStatusTruth: a policy the supervisor cannot enforce is
 // reported FAILED with the reason. A hard Landlock requirement on a
 // missing path also keeps every agent process from starting; network
-// rules (no egress proxy yet) do not stop the agent but are not LOADED.
+// rules (no egress proxy without a network namespace of the sandbox's own)
+// do not stop the agent but are not LOADED.
 func TestPolicyStatusTruth(t *testing.T) {
 	if os.Geteuid() != 0 {
 		skipOrFail(t, "needs root: agent processes drop privileges for real")

@@ -24,7 +24,7 @@ func runMainProcess(ctx context.Context, log *slog.Logger, cfg Config, agents *a
 	if len(argv) == 0 {
 		argv = loginShell()
 	}
-	env := childEnv()
+	env := childEnv(cfg.agentEnv)
 	if cfg.TTY {
 		env = append(env, "TERM=xterm-256color")
 	}

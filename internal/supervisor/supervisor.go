@@ -31,6 +31,7 @@ import (
 
 	"github.com/google/uuid"
 
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/version"
 )
@@ -86,6 +87,12 @@ type Config struct {
 	// to start when it sees any other interface. The gateway must then be
 	// a unix:// endpoint (reachable from any network namespace).
 	PrivateNetwork bool
+	// EgressDialerFD is the inherited descriptor of the driver's host
+	// dialer (0: none). With PrivateNetwork it enables the egress proxy.
+	EgressDialerFD int
+	// EgressTestHosts is the test-only resolver override of the egress
+	// proxy ("name=ip,..."); see EnvEgressTestHosts.
+	EgressTestHosts string
 
 	// ReapAll makes the supervisor reap every child it inherits (PID 1).
 	ReapAll bool
@@ -96,6 +103,8 @@ type Config struct {
 
 	// OnSessionAccepted, when set, is called after each SessionAccepted.
 	OnSessionAccepted func(sessionID string)
+
+	agentEnv []string // set by Serve: the egress proxy variables
 
 	k8sSAToken string // preloaded from K8sSATokenFile
 }
@@ -127,7 +136,8 @@ const (
 
 // secretEnv are never passed to processes in the sandbox (the token
 // file's path only tells where the secret is kept).
-var secretEnv = []string{EnvToken, EnvTokenFile, EnvTLSKey}
+// The egress variables are the supervisor's own business as well.
+var secretEnv = []string{EnvToken, EnvTokenFile, EnvTLSKey, EnvEgressDialerFD, EnvEgressTestHosts}
 
 // ConfigFromEnv builds a Config from OPENSHELL_* variables.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
@@ -147,6 +157,8 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		Hostname:       getenv(EnvHostname),
 		Rootfs:         getenv(EnvRootfs),
 		RootfsLayer:    getenv(EnvRootfsLayer),
+
+		EgressTestHosts: getenv(EnvEgressTestHosts),
 	}
 	var err error
 	if v := getenv(EnvCommand); v != "" {
@@ -162,6 +174,11 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	}
 	if c.PrivateNetwork, err = envBool(getenv, EnvPrivateNetwork); err != nil {
 		return c, err
+	}
+	if v := getenv(EnvEgressDialerFD); v != "" {
+		if c.EgressDialerFD, err = strconv.Atoi(v); err != nil || c.EgressDialerFD < 3 {
+			return c, fmt.Errorf("%s: %q is not an inherited descriptor (3 or more)", EnvEgressDialerFD, v)
+		}
 	}
 	if v := getenv(EnvStartupTimeout); v != "" {
 		d, err := time.ParseDuration(v)
@@ -274,8 +291,16 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if err := preloadCredentials(&cfg); err != nil {
 		return err
 	}
+	// Before anything can inherit it.
+	dialer, err := takeEgressDialer(cfg)
+	if err != nil {
+		return err
+	}
 	keep, err := pinUnixEndpoint(&cfg)
 	if err != nil {
+		if dialer != nil {
+			_ = dialer.Close()
+		}
 		return err
 	}
 	if keep != nil {
@@ -332,7 +357,11 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		workdir, _ = os.Getwd()
 	}
 	agents := newAgentLauncher(log.With("component", "isolation"), workdir)
-	if err := bootstrapConfig(ctx, log.With("component", "config"), client, cfg, agents.prepare); err != nil {
+	eg := startEgress(ctx, log.With("component", "egress"), cfg, dialer, &wg)
+	defer eg.close()
+	cfg.agentEnv = eg.env
+	prepare := func(p *sandboxv1.SandboxPolicy) (confErr, netErr error) { return agents.prepare(p), eg.load(p) }
+	if err := bootstrapConfig(ctx, log.With("component", "config"), client, cfg, prepare); err != nil {
 		log.Error("giving up on the sandbox configuration", "err", err)
 		return err
 	}
@@ -350,7 +379,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("ssh server socket: %w", err)
 	}
-	srv, err := newSSHServer(log.With("component", "ssh"), procs, agents, cfg.WorkspaceDir, childEnv(), loginShell())
+	srv, err := newSSHServer(log.With("component", "ssh"), procs, agents, cfg.WorkspaceDir, childEnv(cfg.agentEnv), loginShell())
 	if err != nil {
 		ln.Close()
 		return err
@@ -381,22 +410,25 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// childEnv is the supervisor's environment without its secrets.
-func childEnv() []string {
+// childEnv is the supervisor's environment without its secrets, with
+// extra ("K=V", the egress proxy variables) replacing any inherited value
+// of the same names.
+func childEnv(extra []string) []string {
+	drop := map[string]bool{}
+	for _, s := range secretEnv {
+		drop[s] = true
+	}
+	for _, kv := range extra {
+		k, _, _ := strings.Cut(kv, "=")
+		drop[k] = true
+	}
 	var env []string
 	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		secret := false
-		for _, s := range secretEnv {
-			if k == s {
-				secret = true
-			}
-		}
-		if !secret {
+		if k, _, _ := strings.Cut(kv, "="); !drop[k] {
 			env = append(env, kv)
 		}
 	}
-	return env
+	return append(env, extra...)
 }
 
 // loginShell is /bin/bash -l when bash exists, else /bin/sh -l.
@@ -435,6 +467,9 @@ Compute drivers start it with no arguments and this environment:
   `+EnvRootfs+`           local root filesystem image to pivot into instead (read-only lower layer)
   `+EnvRootfsLayer+`     directory holding the image's per-sandbox writable layer (required with `+EnvRootfs+`)
   `+EnvPrivateNetwork+`  "true": own network namespace, loopback only (needs a unix:// endpoint)
+  `+EnvEgressDialerFD+`  inherited descriptor of the driver's host dialer: with `+EnvPrivateNetwork+`,
+                             runs the egress proxy on `+egressProxyAddr+` (see docs/security.md)
+  `+EnvEgressTestHosts+`  test only: resolve the proxy's destinations from "name=ip,..." instead of DNS
   `+EnvLogLevel+`        log level (trace, debug, info, warn, error)
 
 Flags:

@@ -486,7 +486,7 @@ func TestPolicySyncAndStatus(t *testing.T) {
 		gw.WaitFor(t, 10*time.Second, "FAILED status and a session", func(s *relaytest.State) bool {
 			st := s.Statuses()
 			return len(st) == 1 && st[0].GetStatus() == openshellv1.PolicyStatus_POLICY_STATUS_FAILED &&
-				st[0].GetLoadError() == "network policies are not enforced by this supervisor: there is no egress proxy (rules: gh)" &&
+				st[0].GetLoadError() == "network policies are not enforced as written: no egress proxy runs: the sandbox has no network namespace of its own, so a proxy could be bypassed (rules: gh)" &&
 				s.Connected("sb-pol3")
 		})
 	})

@@ -62,6 +62,12 @@
 //	OPENSHELL_LOG_LEVEL           log level from the spec (may be empty)
 //	OPENSHELL_WORKSPACE_DIR       host path of the persistent workspace (bound at /sandbox)
 //	OPENSHELL_INSTANCE_ID         id of this incarnation (new on every start)
+//	OPENSHELL_EGRESS_DIALER_FD    "3": the supervisor's end of the driver's host dialer
+//	                              (internal/supervisor/egress/hostdial), a SOCK_SEQPACKET
+//	                              socket on which the driver opens TCP connections in the
+//	                              host's network namespace for the egress proxy
+//	OPENSHELL_EGRESS_TEST_HOSTS   test only, copied from the gateway's own environment
+//	                              (never from a sandbox spec): the proxy's resolver override
 //
 // and, because Go cannot run code between clone and exec, these requests
 // that the supervisor performs at start, as pid 1 of its namespaces and

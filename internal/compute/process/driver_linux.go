@@ -26,6 +26,7 @@ import (
 	"github.com/openshell-go/openshell/internal/atomicfile"
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/supervisor/egress/hostdial"
 	"github.com/openshell-go/openshell/internal/version"
 )
 
@@ -478,10 +479,25 @@ func (d *Driver) spawn(sb *sandbox, rootfs string, l limits, cgRoot string) erro
 	}
 	defer logFile.Close()
 
+	// The supervisor's egress proxy dials upstream through this channel:
+	// the sandbox's network namespace has loopback only.
+	dialServe, dialChild, err := hostdial.Pair()
+	if err != nil {
+		return fmt.Errorf("sandbox %q: %w", id, err)
+	}
+	defer dialChild.Close()
+	serving := false
+	defer func() {
+		if !serving {
+			_ = dialServe.Close()
+		}
+	}()
+
 	cmd := exec.Command(d.cfg.supervisorPath)
 	cmd.Dir = d.workspaceDir(id)
 	cmd.Env = d.environ(sb, rootfs)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.ExtraFiles = []*os.File{dialChild} // fd 3, OPENSHELL_EGRESS_DIALER_FD
 	cmd.SysProcAttr = attr
 	// Persist the incarnation before the process exists, so a gateway
 	// crash right after the fork can find it by OPENSHELL_INSTANCE_ID.
@@ -503,6 +519,9 @@ func (d *Driver) spawn(sb *sandbox, rootfs string, l limits, cgRoot string) erro
 		return fmt.Errorf("sandbox %q: start supervisor: %w", id, err)
 	}
 	pid := cmd.Process.Pid
+	// Serve ends when the supervisor (the only other holder) exits.
+	serving = true
+	go func() { _ = hostdial.Serve(dialServe, 10*time.Second, nil) }()
 	// The child is ours and unreaped, so its pid cannot be reused.
 	h, err := openPid(pid, 0)
 	if err != nil {
@@ -554,7 +573,8 @@ func (d *Driver) environ(sb *sandbox, rootfs string) []string {
 	env["OPENSHELL_SANDBOX_HOSTNAME"] = sb.rec.Name
 	env["OPENSHELL_PRIVATE_TMP"] = "true"
 	env["OPENSHELL_PRIVATE_NETWORK"] = "true"
-	for _, k := range []string{"OPENSHELL_SANDBOX_TOKEN", "OPENSHELL_SANDBOX_TOKEN_FILE", "OPENSHELL_ROOTFS", "OPENSHELL_ROOTFS_LAYER"} {
+	env["OPENSHELL_EGRESS_DIALER_FD"] = "3"
+	for _, k := range []string{"OPENSHELL_SANDBOX_TOKEN", "OPENSHELL_SANDBOX_TOKEN_FILE", "OPENSHELL_ROOTFS", "OPENSHELL_ROOTFS_LAYER", "OPENSHELL_EGRESS_TEST_HOSTS"} {
 		delete(env, k) // only the driver sets these
 	}
 	if _, err := os.Stat(d.tokenPath(id)); err == nil {
@@ -563,6 +583,11 @@ func (d *Driver) environ(sb *sandbox, rootfs string) []string {
 	if rootfs != "" {
 		env["OPENSHELL_ROOTFS"] = rootfs
 		env["OPENSHELL_ROOTFS_LAYER"] = d.layerDir(id)
+	}
+	// Test-only resolver override of the egress proxy: from the gateway's
+	// own environment, never from a sandbox spec.
+	if v := os.Getenv("OPENSHELL_EGRESS_TEST_HOSTS"); v != "" {
+		env["OPENSHELL_EGRESS_TEST_HOSTS"] = v
 	}
 	out := make([]string, 0, len(env))
 	for _, k := range slices.Sorted(maps.Keys(env)) {

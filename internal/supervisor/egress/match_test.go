@@ -2,7 +2,6 @@ package egress
 
 import (
 	"net/netip"
-	"strings"
 	"testing"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
@@ -126,16 +125,24 @@ func TestDecide(t *testing.T) {
 }
 
 func TestCompileRefusesWhatIsNotEnforced(t *testing.T) {
-	_, err := Compile(map[string]*sandboxv1.NetworkPolicyRule{
-		"l7": {Name: "l7", Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.example.com", Port: 443, Protocol: "rest", Tls: "terminate", Access: "read-only"}}},
+	s, err := Compile(map[string]*sandboxv1.NetworkPolicyRule{
+		"l7": {Name: "l7", Binaries: []*sandboxv1.NetworkBinary{{Path: "/**"}}, Endpoints: []*sandboxv1.NetworkEndpoint{
+			{Host: "api.example.com", Port: 443, Protocol: "rest", Tls: "terminate", Access: "read-only"},
+			{Host: "plain.example.com", Port: 443},
+		}},
 	})
 	if err == nil {
 		t.Fatal("Compile accepted protocol rest / tls terminate")
 	}
-	for _, want := range []string{`rule "l7" endpoint "api.example.com"`, `protocol "rest"`, `tls "terminate"`, "L7 rules"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not mention %q", err, want)
-		}
+	// The snapshot leaves the unenforced endpoint out and keeps the rest.
+	if d := s.Decide(Request{Host: "api.example.com", Port: 443, Exe: "/bin/x"}); d.Allow {
+		t.Errorf("an L7 endpoint was allowed at L4: %+v", d)
+	}
+	if d := s.Decide(Request{Host: "plain.example.com", Port: 443, Exe: "/bin/x"}); !d.Allow {
+		t.Errorf("the plain endpoint next to an L7 one was denied: %+v", d)
+	}
+	if want := `rule "l7" endpoint "api.example.com" asks for protocol "rest", tls "terminate", access: not implemented by the egress proxy, those endpoints are denied`; err.Error() != want {
+		t.Errorf("error = %q, want %q", err, want)
 	}
 	if _, err := Compile(map[string]*sandboxv1.NetworkPolicyRule{"t": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "a.example.com", Port: 443, Protocol: "tcp", Tls: "passthrough"}}}}); err != nil {
 		t.Errorf("plain tcp endpoint refused: %v", err)

@@ -53,10 +53,13 @@ type Decision struct {
 	Hostless bool
 }
 
-// Compile builds a Snapshot from network_policies. It returns an error
-// naming every rule feature this proxy does not enforce (L7 protocols,
-// TLS termination, credential handling, ...): a policy asking for those
-// is not enforced as written and must not be reported LOADED.
+// Compile builds a Snapshot from network_policies. It also returns an
+// error naming every endpoint asking for what this proxy does not enforce
+// (L7 protocols, TLS termination, credential handling, ...): such a policy
+// is not enforced as written and must not be reported LOADED. The Snapshot
+// is usable either way: it leaves those endpoints out, so connections they
+// would have allowed are denied (fail closed) while the rest of the policy
+// applies.
 func Compile(rules map[string]*sandboxv1.NetworkPolicyRule) (*Snapshot, error) {
 	s := &Snapshot{}
 	var problems []string
@@ -71,8 +74,9 @@ func Compile(rules map[string]*sandboxv1.NetworkPolicyRule) (*Snapshot, error) {
 			cr.binaries = append(cr.binaries, b.GetPath())
 		}
 		for _, ep := range r.GetEndpoints() {
-			for _, p := range unsupported(ep) {
-				problems = append(problems, fmt.Sprintf("rule %q endpoint %q: %s", name, ep.GetHost(), p))
+			if ps := unsupported(ep); len(ps) > 0 {
+				problems = append(problems, fmt.Sprintf("rule %q endpoint %q asks for %s", name, ep.GetHost(), strings.Join(ps, ", ")))
+				continue
 			}
 			ce := endpoint{host: ep.GetHost(), ports: ep.GetPorts()}
 			if len(ce.ports) == 0 && ep.GetPort() != 0 {
@@ -82,40 +86,51 @@ func Compile(rules map[string]*sandboxv1.NetworkPolicyRule) (*Snapshot, error) {
 				pfx, err := parsePrefix(a)
 				if err != nil {
 					problems = append(problems, fmt.Sprintf("rule %q endpoint %q: allowed_ips %q: %v", name, ep.GetHost(), a, err))
-					continue
+					ce.ports = nil // left out, fail closed
+					break
 				}
 				ce.allowedIPs = append(ce.allowedIPs, pfx)
 			}
-			cr.endpoints = append(cr.endpoints, ce)
+			if ce.ports != nil {
+				cr.endpoints = append(cr.endpoints, ce)
+			}
 		}
 		s.rules = append(s.rules, cr)
 	}
 	if len(problems) > 0 {
-		return nil, fmt.Errorf("not enforced by the egress proxy: %s", strings.Join(problems, "; "))
+		return s, fmt.Errorf("%s: not implemented by the egress proxy, those endpoints are denied", strings.Join(problems, "; "))
 	}
 	return s, nil
 }
 
 // unsupported lists what an endpoint asks for beyond host, port(s),
-// allowed_ips and the rule's binaries.
+// allowed_ips and the rule's binaries: L7 inspection, TLS termination,
+// credential handling.
 func unsupported(ep *sandboxv1.NetworkEndpoint) []string {
 	var out []string
 	if p := ep.GetProtocol(); p != "" && !strings.EqualFold(p, "tcp") {
-		out = append(out, fmt.Sprintf("protocol %q (L7 inspection) is not implemented", p))
+		out = append(out, fmt.Sprintf("protocol %q", p))
 	}
 	if t := ep.GetTls(); t != "" && t != "passthrough" {
-		out = append(out, fmt.Sprintf("tls %q is not implemented", t))
+		out = append(out, fmt.Sprintf("tls %q", t))
 	}
-	if ep.GetEnforcement() != "" || ep.GetAccess() != "" || len(ep.GetRules()) > 0 || len(ep.GetDenyRules()) > 0 || ep.GetPath() != "" {
-		out = append(out, "L7 rules (enforcement, access, rules, deny_rules, path) are not implemented")
-	}
-	if ep.GetCredentialSigning() != "" || ep.GetCredentialBinding() != nil || ep.GetWebsocketCredentialRewrite() ||
-		ep.GetRequestBodyCredentialRewrite() || ep.GetProviderCredentialed() || ep.GetAllowUninspectedCredentials() {
-		out = append(out, "credential handling is not implemented")
-	}
-	if ep.GetPersistedQueries() != "" || len(ep.GetGraphqlPersistedQueries()) > 0 || ep.GetGraphqlMaxBodyBytes() != 0 ||
-		ep.GetJsonRpcMaxBodyBytes() != 0 || ep.GetMcp() != nil {
-		out = append(out, "GraphQL, JSON-RPC and MCP options are not implemented")
+	for _, f := range []struct {
+		set  bool
+		name string
+	}{
+		{ep.GetEnforcement() != "", "enforcement"},
+		{ep.GetAccess() != "", "access"},
+		{len(ep.GetRules()) > 0, "rules"},
+		{len(ep.GetDenyRules()) > 0, "deny_rules"},
+		{ep.GetPath() != "", "path"},
+		{ep.GetCredentialSigning() != "" || ep.GetCredentialBinding() != nil || ep.GetWebsocketCredentialRewrite() ||
+			ep.GetRequestBodyCredentialRewrite() || ep.GetProviderCredentialed() || ep.GetAllowUninspectedCredentials(), "credential handling"},
+		{ep.GetPersistedQueries() != "" || len(ep.GetGraphqlPersistedQueries()) > 0 || ep.GetGraphqlMaxBodyBytes() != 0 ||
+			ep.GetJsonRpcMaxBodyBytes() != 0 || ep.GetMcp() != nil, "GraphQL, JSON-RPC or MCP options"},
+	} {
+		if f.set {
+			out = append(out, f.name)
+		}
 	}
 	return out
 }

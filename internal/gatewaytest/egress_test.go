@@ -1,0 +1,144 @@
+package gatewaytest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+)
+
+// TestEgressProxy: a real gateway and supervisor; the sandbox's network
+// namespace has loopback only and the supervisor's egress proxy is its
+// way out. Upstream is a loopback server of this test in the host's
+// namespace; the test-only resolver override maps allowed.test and
+// other.test to 127.0.0.1, which the policy names in allowed_ips. curl
+// reaches the allowed host through forward HTTP and CONNECT (200); another
+// host (403), wget (another binary, 403) and a direct connection to the
+// upstream's port (no route out) fail; every decision is in the sandbox's
+// log stream.
+func TestEgressProxy(t *testing.T) {
+	curl, err := exec.LookPath("curl")
+	if err == nil {
+		curl, err = filepath.EvalSymlinks(curl)
+	}
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("curl is required: %v", err)
+		}
+		t.Skip("curl not installed")
+	}
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "upstream saw %s", r.Host)
+	}))
+	defer upstream.Close()
+	_, port, _ := net.SplitHostPort(upstream.Listener.Addr().String())
+	var portN uint32
+	fmt.Sscan(port, &portN)
+
+	g := Start(t, Options{Env: []string{"OPENSHELL_EGRESS_TEST_HOSTS=allowed.test=127.0.0.1,other.test=127.0.0.1"}})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+
+	pol := &sandboxv1.SandboxPolicy{
+		Version: 1,
+		Filesystem: &sandboxv1.FilesystemPolicy{
+			IncludeWorkdir: true,
+			ReadOnly:       []string{"/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"},
+			ReadWrite:      []string{"/tmp"},
+		},
+		Landlock: &sandboxv1.LandlockPolicy{Compatibility: "best_effort"},
+		Process:  &sandboxv1.ProcessPolicy{RunAsUser: "sandbox", RunAsGroup: "sandbox"},
+		NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{
+			"upstream": {
+				Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "allowed.test", Port: portN, AllowedIps: []string{"127.0.0.1"}}},
+				Binaries:  []*sandboxv1.NetworkBinary{{Path: curl}},
+			},
+		},
+	}
+	created, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "egress", Spec: &openshellv1.SandboxSpec{
+		Command: []string{"sleep", "infinity"}, Policy: pol,
+	}})
+	if err != nil {
+		t.Fatalf("CreateSandbox: %v", err)
+	}
+	id := created.GetSandbox().GetMetadata().GetId()
+	WaitPhase(ctx, t, c, "egress", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, time.Minute)
+	if r := waitPolicyStatus(ctx, t, c, "egress", 1).GetRevision(); r.GetStatus() != openshellv1.PolicyStatus_POLICY_STATUS_LOADED {
+		t.Fatalf("policy status = %v (%q), want LOADED: the proxy enforces host, port, allowed_ips and binaries", r.GetStatus(), r.GetLoadError())
+	}
+
+	sh := func(script string) (string, int32) {
+		t.Helper()
+		out, errOut, code, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"sh", "-c", script}})
+		if err != nil {
+			t.Fatalf("exec %q: %v (stderr %q)", script, err, errOut)
+		}
+		return strings.TrimSpace(out), code
+	}
+	if out, _ := sh("env | grep -i _proxy= | sort"); !strings.Contains(out, "HTTPS_PROXY=http://127.0.0.1:3128") || !strings.Contains(out, "http_proxy=http://127.0.0.1:3128") ||
+		!strings.Contains(out, "ALL_PROXY=http://127.0.0.1:3128") || !strings.Contains(out, "NO_PROXY=localhost,127.0.0.1,::1") {
+		t.Errorf("proxy environment of an agent process:\n%s", out)
+	}
+	target := "http://allowed.test:" + port + "/"
+	if out, _ := sh(curl + " -s -w ' %{http_code}' " + target); out != "upstream saw allowed.test:"+port+" 200" {
+		t.Errorf("curl through the proxy (forward HTTP) = %q, want the upstream's 200", out)
+	}
+	if out, _ := sh(curl + " -s -p -o /dev/null -w '%{http_code}' " + target); out != "200" {
+		t.Errorf("curl through the proxy (CONNECT) = %q, want 200", out)
+	}
+	if out, _ := sh(curl + " -s -o /dev/null -w '%{http_code}' http://other.test:" + port + "/"); out != "403" {
+		t.Errorf("curl to another host = %q, want 403", out)
+	}
+	if wget, err := exec.LookPath("wget"); err == nil {
+		if out, code := sh(wget + " -q -O - " + target); code == 0 || strings.Contains(out, "upstream saw") {
+			t.Errorf("wget (not in the rule's binaries) got through: exit %d, %q", code, out)
+		}
+	}
+	if out, code := sh(curl + " -s --noproxy '*' --max-time 5 -o /dev/null -w '%{http_code}' http://127.0.0.1:" + port + "/"); code == 0 || out != "000" {
+		t.Errorf("direct connection to the upstream's port = exit %d %q, want a failure (loopback only)", code, out)
+	}
+
+	// The decisions are in the sandbox's log stream.
+	want := map[string]func(f map[string]string) bool{
+		"allow": func(f map[string]string) bool {
+			return f["decision"] == "allow" && f["host"] == "allowed.test" && f["ip"] == "127.0.0.1" && f["port"] == port &&
+				f["policy"] == "upstream" && f["binary"] == curl && f["pid"] != "" && f["pid"] != "0"
+		},
+		"deny other host": func(f map[string]string) bool {
+			return f["decision"] == "deny" && f["host"] == "other.test" && f["binary"] == curl &&
+				f["reason"] == "endpoint other.test:"+port+" is not allowed by any policy"
+		},
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(want) > 0 && time.Now().Before(deadline) {
+		resp, err := c.GetSandboxLogs(ctx, &openshellv1.GetSandboxLogsRequest{SandboxId: id, Sources: []string{"sandbox"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range resp.GetLogs() {
+			if l.GetTarget() != "openshell_sandbox::egress" {
+				continue
+			}
+			for k, match := range want {
+				if match(l.GetFields()) {
+					delete(want, k)
+				}
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for k := range want {
+		t.Errorf("no %q decision event in GetSandboxLogs", k)
+	}
+}

@@ -1,0 +1,155 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+	"github.com/openshell-go/openshell/internal/supervisor/egress"
+	"github.com/openshell-go/openshell/internal/supervisor/egress/hostdial"
+)
+
+// Egress environment contract (process driver).
+const (
+	// EnvEgressDialerFD is the inherited descriptor of the driver's host
+	// dialer (package hostdial).
+	EnvEgressDialerFD = "OPENSHELL_EGRESS_DIALER_FD"
+	// EnvEgressTestHosts is a test-only resolver override for the egress
+	// proxy: "name=ip,name=ip". The process driver passes it only from
+	// the gateway's own environment, never from a sandbox spec.
+	EnvEgressTestHosts = "OPENSHELL_EGRESS_TEST_HOSTS"
+)
+
+// egressProxyAddr is where agent processes find the proxy: loopback in
+// the sandbox's own network namespace.
+const egressProxyAddr = "127.0.0.1:3128"
+
+// egressRunner is the supervisor's egress proxy, or why there is none.
+type egressRunner struct {
+	proxy *egress.Proxy
+	why   error    // set when proxy is nil
+	env   []string // proxy variables for agent processes
+	dial  *hostdial.Client
+}
+
+// takeEgressDialer takes over the host dialer descriptor before anything
+// can inherit it (the client dups it close-on-exec).
+func takeEgressDialer(cfg Config) (*hostdial.Client, error) {
+	if cfg.EgressDialerFD == 0 {
+		return nil, nil
+	}
+	c, err := hostdial.NewClient(os.NewFile(uintptr(cfg.EgressDialerFD), "egress-dialer"))
+	if err != nil {
+		return nil, fmt.Errorf("%s=%d: %w", EnvEgressDialerFD, cfg.EgressDialerFD, err)
+	}
+	return c, nil
+}
+
+// startEgress starts the proxy when the sandbox has a network namespace
+// of its own (the proxy is then the only way out) and a host dialer. It
+// denies everything until load installs a policy.
+func startEgress(ctx context.Context, log *slog.Logger, cfg Config, dialer *hostdial.Client, wg *sync.WaitGroup) *egressRunner {
+	e := &egressRunner{dial: dialer}
+	switch {
+	case !cfg.PrivateNetwork:
+		e.why = errors.New("no egress proxy runs: the sandbox has no network namespace of its own, so a proxy could be bypassed")
+		return e
+	case dialer == nil:
+		e.why = fmt.Errorf("no egress proxy runs: the driver passed no host dialer (%s), so nothing leaves the sandbox", EnvEgressDialerFD)
+		return e
+	}
+	resolver, err := egressResolver(log, cfg, dialer)
+	if err != nil {
+		e.why = err
+		return e
+	}
+	ln, err := net.Listen("tcp", egressProxyAddr)
+	if err != nil {
+		e.why = fmt.Errorf("egress proxy listener %s: %w", egressProxyAddr, err)
+		return e
+	}
+	empty, _ := egress.Compile(nil)
+	e.proxy = egress.New(egress.Config{
+		Resolver: resolver,
+		Dial:     dialer.Dial,
+		Identify: (&egress.ProcIdentifier{Root: "/proc"}).Identify,
+		OnEvent:  func(ev egress.Event) { logEgressEvent(log, ev) },
+	}, empty)
+	url := "http://" + egressProxyAddr
+	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"} {
+		e.env = append(e.env, k+"="+url, strings.ToLower(k)+"="+url)
+	}
+	e.env = append(e.env, "NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1")
+	wg.Go(func() {
+		if err := e.proxy.Serve(ln); err != nil {
+			log.Error("egress proxy stopped", "err", err)
+		}
+	})
+	context.AfterFunc(ctx, func() { ln.Close() })
+	log.Info("egress proxy listening", "addr", egressProxyAddr)
+	return e
+}
+
+// egressResolver resolves destination names for the proxy: the test-only
+// override when set, else the Go resolver of /etc/resolv.conf with its
+// DNS traffic (over TCP) sent through the host dialer, since the sandbox
+// namespace has no route to any name server.
+func egressResolver(log *slog.Logger, cfg Config, dialer *hostdial.Client) (egress.Resolver, error) {
+	if cfg.EgressTestHosts != "" {
+		r := egress.StaticResolver{}
+		for _, kv := range strings.Split(cfg.EgressTestHosts, ",") {
+			name, ip, ok := strings.Cut(strings.TrimSpace(kv), "=")
+			a, err := netip.ParseAddr(ip)
+			if !ok || name == "" || err != nil {
+				return nil, fmt.Errorf("%s: entry %q is not name=ip", EnvEgressTestHosts, kv)
+			}
+			r[strings.ToLower(name)] = append(r[strings.ToLower(name)], a)
+		}
+		log.Warn("egress proxy uses the test-only resolver override; other names do not resolve", "env", EnvEgressTestHosts)
+		return r, nil
+	}
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, address string) (net.Conn, error) {
+		ap, err := netip.ParseAddrPort(address)
+		if err != nil {
+			return nil, err
+		}
+		return dialer.Dial(ctx, ap)
+	}}, nil
+}
+
+// load installs the network policy of p for new connections. It returns
+// nil when the proxy enforces every network rule of p, else the reason
+// (reported as the revision's load error).
+func (e *egressRunner) load(p *sandboxv1.SandboxPolicy) error {
+	if e.proxy == nil {
+		return e.why
+	}
+	snap, err := egress.Compile(p.GetNetworkPolicies())
+	e.proxy.SetSnapshot(snap) // leaves out what is not enforced: fail closed
+	return err
+}
+
+func (e *egressRunner) close() {
+	if e.dial != nil {
+		_ = e.dial.Close()
+	}
+}
+
+func logEgressEvent(log *slog.Logger, ev egress.Event) {
+	level := slog.LevelInfo
+	if ev.Decision == "deny" {
+		level = slog.LevelWarn
+	}
+	log.Log(context.Background(), level, "egress "+ev.Decision,
+		"decision", ev.Decision, "kind", ev.Kind, "binary", ev.Binary, "pid", strconv.Itoa(ev.PID),
+		"host", ev.Host, "ip", ev.IP, "port", strconv.FormatUint(uint64(ev.Port), 10),
+		"policy", ev.Policy, "reason", ev.Reason)
+}
