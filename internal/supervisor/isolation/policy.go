@@ -180,7 +180,7 @@ func ResolveUser(root, runAsUser, runAsGroup string) (User, error) {
 	default:
 		uid, err := parseID(runAsUser)
 		if err != nil {
-			return User{}, fmt.Errorf("run_as_user must be '%s' or a numeric UID/GID in range 1..%d, got '%s'", SandboxUser, uint64(maxID), runAsUser)
+			return User{}, fmt.Errorf("run_as_user must be '%s' or a numeric UID/GID in range [1, %d], got '%s'", SandboxUser, uint64(maxID), runAsUser)
 		}
 		u = User{UID: uid, GID: uid}
 		if e, ok := lookupID(passwd, runAsUser); ok {
@@ -209,7 +209,7 @@ func ResolveUser(root, runAsUser, runAsGroup string) (User, error) {
 	default:
 		gid, err := parseID(runAsGroup)
 		if err != nil {
-			return User{}, fmt.Errorf("run_as_group must be '%s' or a numeric UID/GID in range 1..%d, got '%s'", SandboxUser, uint64(maxID), runAsGroup)
+			return User{}, fmt.Errorf("run_as_group must be '%s' or a numeric UID/GID in range [1, %d], got '%s'", SandboxUser, uint64(maxID), runAsGroup)
 		}
 		u.GID = gid
 	}

@@ -44,7 +44,7 @@ func TestResolveUser(t *testing.T) {
 		{name: "numeric user in passwd", root: withSandbox, user: "1500", want: isolation.User{UID: 1500, GID: 1501, Name: "app", Home: "/srv/app"}},
 		{name: "numeric user not in passwd", root: bare, user: "2000", want: isolation.User{UID: 2000, GID: 2000}},
 		{name: "numeric user and group", root: bare, user: "2000", group: "3000", want: isolation.User{UID: 2000, GID: 3000}},
-		{name: "root by name", root: withSandbox, user: "root", wantErr: "run_as_user must be 'sandbox' or a numeric UID/GID in range 1..4294967294, got 'root'"},
+		{name: "root by name", root: withSandbox, user: "root", wantErr: "run_as_user must be 'sandbox' or a numeric UID/GID in range [1, 4294967294], got 'root'"},
 		{name: "root by id", root: withSandbox, user: "0", wantErr: "got '0'"},
 		{name: "root group", root: withSandbox, group: "0", wantErr: "run_as_group must be"},
 		{name: "out of range", root: bare, user: "4294967295", wantErr: "got '4294967295'"},
