@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -732,7 +733,21 @@ func TestRealSupervisor(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(state) })
-	d := open(t, state, map[string]any{"supervisor_path": bin, "stop_grace_secs": 20})
+	// The supervisor binds the gateway socket into the sandbox root, so it
+	// must exist; nothing ever answers on it.
+	sock := filepath.Join(state, "gateway.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	d, err := process.Open(map[string]any{"supervisor_path": bin, "stop_grace_secs": 20}, compute.FactoryDeps{
+		Logger: testLogger(t), StateDir: state, GatewayEndpoint: "unix://" + sock,
+	})
+	if err != nil {
+		t.Fatalf("process.Open() error = %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
 	cleanupSandboxes(t, d)
 	ch := watch(t, d)
 	sb := goodSandbox(computetest.NewID(), computetest.NewName())
