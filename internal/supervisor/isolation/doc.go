@@ -8,7 +8,8 @@
 // main. The trampoline reads a JSON [Spec] from fd 3 and, on one locked OS
 // thread, while still root:
 //
-//  1. opens the Landlock rule paths and builds the ruleset,
+//  1. marks every descriptor above stderr close-on-exec, opens the
+//     Landlock rule paths and builds the ruleset,
 //  2. clears the ambient capabilities (all threads) and drops every
 //     capability from the bounding set of the locked thread, the one that
 //     execve's (execve ends every other thread),

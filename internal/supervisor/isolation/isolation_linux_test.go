@@ -148,6 +148,20 @@ func TestEscapes(t *testing.T) {
 	l := newLayout(t)
 	c := confinement(t, l.policy(), l.ws)
 	victim := strconv.Itoa(rootSleeper(t))
+	// A descriptor the supervisor holds without close-on-exec (children
+	// inherit it unless the trampoline stops it), numbered high enough
+	// that os/exec's own descriptor shuffling does not cover it.
+	fd, err := syscall.Open(filepath.Join(l.secret, "file"), syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const leak = 100
+	err = syscall.Dup2(fd, leak)
+	syscall.Close(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(leak)
 	tests := []struct {
 		name    string
 		argv    []string
@@ -184,6 +198,7 @@ func TestEscapes(t *testing.T) {
 		{name: "open_by_handle_at", argv: []string{"open-by-handle"}},
 		{name: "kexec_load", argv: []string{"kexec"}},
 		{name: "pivot_root", argv: []string{"pivot-root"}},
+		{name: "inherit a descriptor of the supervisor", argv: []string{"fds"}, control: true},
 		{name: "x32 syscall", argv: []string{"x32"}, killed: true},
 		{name: "i386 syscall", argv: []string{"i386"}, killed: true},
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
@@ -78,6 +79,12 @@ func confineAndExec(specFile *os.File) error {
 	if len(s.Argv) == 0 {
 		return errors.New("agent spec has no command")
 	}
+	// The agent gets stdin, stdout and stderr and nothing else, whatever
+	// the supervisor holds without close-on-exec (the status pipe closes
+	// at execve, which is what reports success).
+	if err := closeOnExecFrom(3); err != nil {
+		return err
+	}
 	prog, err := filterProgram()
 	if err != nil {
 		return err
@@ -114,6 +121,29 @@ func confineAndExec(specFile *os.File) error {
 	}
 	err = unix.Exec(path, s.Argv, s.Env)
 	return fmt.Errorf("exec %s: %w", s.Argv[0], err)
+}
+
+// closeOnExecFrom marks every descriptor from first on close-on-exec:
+// close_range(2) where the kernel has it (5.11), else each entry of
+// /proc/self/fd.
+func closeOnExecFrom(first int) error {
+	if err := unix.CloseRange(uint(first), ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err == nil {
+		return nil
+	}
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return fmt.Errorf("list inherited descriptors: %w", err)
+	}
+	for _, e := range entries {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil || fd < first {
+			continue
+		}
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil && !errors.Is(err, unix.EBADF) {
+			return fmt.Errorf("mark descriptor %d close-on-exec: %w", fd, err)
+		}
+	}
+	return nil
 }
 
 // lookPath resolves file like a shell, with the agent's PATH.
