@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 )
@@ -21,11 +23,12 @@ import (
 // namespace has loopback only and the supervisor's egress proxy is its
 // way out. Upstream is a loopback server of this test in the host's
 // namespace; the test-only resolver override maps allowed.test and
-// other.test to 127.0.0.1, which the policy names in allowed_ips. curl
+// other.egress.test to 127.0.0.1, which the policy names in allowed_ips. curl
 // reaches the allowed host through forward HTTP and CONNECT (200); another
 // host (403), wget (another binary, 403) and a direct connection to the
 // upstream's port (no route out) fail; every decision is in the sandbox's
-// log stream.
+// log stream. Then live reload: allow, a FAILED version that keeps the
+// previous rules, and back to deny, each within 2 s.
 func TestEgressProxy(t *testing.T) {
 	curl, err := exec.LookPath("curl")
 	if err == nil {
@@ -45,7 +48,7 @@ func TestEgressProxy(t *testing.T) {
 	var portN uint32
 	fmt.Sscan(port, &portN)
 
-	g := Start(t, Options{Env: []string{"OPENSHELL_EGRESS_TEST_HOSTS=allowed.test=127.0.0.1,other.test=127.0.0.1"}})
+	g := Start(t, Options{Env: []string{"OPENSHELL_EGRESS_TEST_HOSTS=allowed.test=127.0.0.1,other.egress.test=127.0.0.1"}})
 	c := g.Client()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
@@ -97,7 +100,7 @@ func TestEgressProxy(t *testing.T) {
 	if out, _ := sh(curl + " -s -p -o /dev/null -w '%{http_code}' " + target); out != "200" {
 		t.Errorf("curl through the proxy (CONNECT) = %q, want 200", out)
 	}
-	if out, _ := sh(curl + " -s -o /dev/null -w '%{http_code}' http://other.test:" + port + "/"); out != "403" {
+	if out, _ := sh(curl + " -s -o /dev/null -w '%{http_code}' http://other.egress.test:" + port + "/"); out != "403" {
 		t.Errorf("curl to another host = %q, want 403", out)
 	}
 	if wget, err := exec.LookPath("wget"); err == nil {
@@ -116,8 +119,8 @@ func TestEgressProxy(t *testing.T) {
 				f["policy"] == "upstream" && f["binary"] == curl && f["pid"] != "" && f["pid"] != "0"
 		},
 		"deny other host": func(f map[string]string) bool {
-			return f["decision"] == "deny" && f["host"] == "other.test" && f["binary"] == curl &&
-				f["reason"] == "endpoint other.test:"+port+" is not allowed by any policy"
+			return f["decision"] == "deny" && f["host"] == "other.egress.test" && f["binary"] == curl &&
+				f["reason"] == "endpoint other.egress.test:"+port+" is not allowed by any policy"
 		},
 	}
 	deadline := time.Now().Add(30 * time.Second)
@@ -140,5 +143,59 @@ func TestEgressProxy(t *testing.T) {
 	}
 	for k := range want {
 		t.Errorf("no %q decision event in GetSandboxLogs", k)
+	}
+
+	// Live reload: a new version is polled, swapped in for new
+	// connections and reported within 2 s; a version the proxy cannot
+	// enforce is FAILED and the previous rules stay in force.
+	otherURL := "http://other.egress.test:" + port + "/"
+	curlOther := func() string {
+		out, _ := sh(curl + " -s -o /dev/null -w '%{http_code}' " + otherURL)
+		return out
+	}
+	update := func(p *sandboxv1.SandboxPolicy, want openshellv1.PolicyStatus) *openshellv1.SandboxPolicyRevision {
+		t.Helper()
+		up, err := c.UpdateConfig(ctx, &openshellv1.UpdateConfigRequest{Name: "egress", Policy: p})
+		if err != nil {
+			t.Fatalf("UpdateConfig: %v", err)
+		}
+		start := time.Now()
+		for {
+			st, err := c.GetSandboxPolicyStatus(ctx, &openshellv1.GetSandboxPolicyStatusRequest{Name: "egress", Version: up.GetVersion()})
+			if err == nil && st.GetRevision().GetStatus() == want {
+				t.Logf("version %d %v after %v", up.GetVersion(), want, time.Since(start))
+				return st.GetRevision()
+			}
+			if time.Since(start) > 2*time.Second {
+				t.Fatalf("version %d not %v within 2s: %v, %v", up.GetVersion(), want, st.GetRevision(), err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	allowOther := proto.Clone(pol).(*sandboxv1.SandboxPolicy)
+	allowOther.NetworkPolicies["other"] = &sandboxv1.NetworkPolicyRule{
+		Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "*.egress.test", Port: portN, AllowedIps: []string{"127.0.0.1"}}},
+		Binaries:  []*sandboxv1.NetworkBinary{{Path: "/usr/**"}},
+	}
+	update(allowOther, openshellv1.PolicyStatus_POLICY_STATUS_LOADED)
+	if got := curlOther(); got != "200" {
+		t.Errorf("after the reload allowing *.egress.test: curl other.egress.test = %q, want 200", got)
+	}
+	l7 := proto.Clone(pol).(*sandboxv1.SandboxPolicy)
+	l7.NetworkPolicies["other"] = &sandboxv1.NetworkPolicyRule{
+		Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "other.egress.test", Port: portN, Protocol: "rest", Access: "read-only", AllowedIps: []string{"127.0.0.1"}}},
+		Binaries:  []*sandboxv1.NetworkBinary{{Path: curl}},
+	}
+	rev := update(l7, openshellv1.PolicyStatus_POLICY_STATUS_FAILED)
+	if !strings.Contains(rev.GetLoadError(), `rule "other" endpoint "other.egress.test" asks for protocol "rest", access`) ||
+		!strings.Contains(rev.GetLoadError(), "the previous network rules stay in force") {
+		t.Errorf("FAILED reload reason = %q", rev.GetLoadError())
+	}
+	if got := curlOther(); got != "200" {
+		t.Errorf("after a FAILED reload: curl other.egress.test = %q, want 200 (the previous rules stay)", got)
+	}
+	update(pol, openshellv1.PolicyStatus_POLICY_STATUS_LOADED)
+	if got := curlOther(); got != "403" {
+		t.Errorf("after the reload back to the first rules: curl other.egress.test = %q, want 403", got)
 	}
 }

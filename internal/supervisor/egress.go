@@ -137,6 +137,21 @@ func (e *egressRunner) load(p *sandboxv1.SandboxPolicy) error {
 	return err
 }
 
+// reload installs the network rules of a new policy version for new
+// connections, only when the proxy enforces all of them: otherwise the
+// previous rules stay in force and the reason is returned.
+func (e *egressRunner) reload(p *sandboxv1.SandboxPolicy) error {
+	if e.proxy == nil {
+		return e.why
+	}
+	snap, err := egress.Compile(p.GetNetworkPolicies())
+	if err != nil {
+		return fmt.Errorf("%w; the previous network rules stay in force", err)
+	}
+	e.proxy.SetSnapshot(snap)
+	return nil
+}
+
 func (e *egressRunner) close() {
 	if e.dial != nil {
 		_ = e.dial.Close()

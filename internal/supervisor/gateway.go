@@ -109,7 +109,7 @@ func retryable(err error) bool {
 // says so, and when the confinement itself failed every agent spawn fails
 // closed. Transient failures are retried with backoff until
 // cfg.StartupTimeout.
-func bootstrapConfig(ctx context.Context, log *slog.Logger, client openshellv1.OpenShellClient, cfg Config, prepare func(*sandboxv1.SandboxPolicy) (confErr, netErr error)) error {
+func bootstrapConfig(ctx context.Context, log *slog.Logger, client openshellv1.OpenShellClient, cfg Config, prepare func(*sandboxv1.SandboxPolicy) (confErr, netErr error)) (loadedPolicy, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.StartupTimeout)
 	defer cancel()
 	b := newBackoff(200*time.Millisecond, 5*time.Second)
@@ -136,7 +136,7 @@ func bootstrapConfig(ctx context.Context, log *slog.Logger, client openshellv1.O
 		return err
 	}
 	if err := call("GetSandboxConfig", fetch); err != nil {
-		return err
+		return loadedPolicy{}, err
 	}
 	if resp.GetPolicy() == nil {
 		log.Info("gateway has no policy for this sandbox; syncing the default policy")
@@ -144,11 +144,11 @@ func bootstrapConfig(ctx context.Context, log *slog.Logger, client openshellv1.O
 			_, err := client.UpdateConfig(ctx, &openshellv1.UpdateConfigRequest{Name: cfg.SandboxName, Policy: defaultPolicy()})
 			return err
 		}); err != nil {
-			return err
+			return loadedPolicy{}, err
 		}
 		b.reset()
 		if err := call("GetSandboxConfig", fetch); err != nil {
-			return err
+			return loadedPolicy{}, err
 		}
 	}
 	log.Info("sandbox configuration loaded", "policy_version", resp.GetVersion(), "policy_hash", resp.GetPolicyHash())
@@ -156,9 +156,10 @@ func bootstrapConfig(ctx context.Context, log *slog.Logger, client openshellv1.O
 	if confErr != nil {
 		log.Error("cannot confine agent processes as the policy asks; they will not start", "policy_version", resp.GetVersion(), "err", confErr)
 	}
+	loaded := loadedPolicy{version: resp.GetVersion(), hash: resp.GetPolicyHash(), policy: resp.GetPolicy(), confErr: confErr}
 	if resp.GetVersion() == 0 {
 		log.Warn("gateway returned no policy version; nothing to report")
-		return nil
+		return loaded, nil
 	}
 	report := &openshellv1.ReportPolicyStatusRequest{
 		SandboxId: cfg.SandboxID,
@@ -171,7 +172,7 @@ func bootstrapConfig(ctx context.Context, log *slog.Logger, client openshellv1.O
 		report.Status, report.LoadError = openshellv1.PolicyStatus_POLICY_STATUS_FAILED, err.Error()
 		log.Warn("policy is not fully enforced; reporting FAILED", "policy_version", resp.GetVersion(), "reason", report.LoadError)
 	}
-	return call("ReportPolicyStatus", func() error {
+	return loaded, call("ReportPolicyStatus", func() error {
 		_, err := client.ReportPolicyStatus(ctx, report)
 		return err
 	})

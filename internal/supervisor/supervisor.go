@@ -361,10 +361,14 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	defer eg.close()
 	cfg.agentEnv = eg.env
 	prepare := func(p *sandboxv1.SandboxPolicy) (confErr, netErr error) { return agents.prepare(p), eg.load(p) }
-	if err := bootstrapConfig(ctx, log.With("component", "config"), client, cfg, prepare); err != nil {
+	loaded, err := bootstrapConfig(ctx, log.With("component", "config"), client, cfg, prepare)
+	if err != nil {
 		log.Error("giving up on the sandbox configuration", "err", err)
 		return err
 	}
+	wg.Go(func() {
+		watchPolicy(ctx, log.With("component", "config"), client, cfg.SandboxID, loaded, policyPollInterval, eg.reload)
+	})
 
 	sockPath := cfg.SSHSocket
 	if sockPath == "" {

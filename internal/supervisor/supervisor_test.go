@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
@@ -454,6 +456,51 @@ func TestMainProcessExitAndLogs(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestPolicyWatch: a policy version stored after the supervisor started is
+// picked up by polling and reported: here the supervisor has no network
+// namespace of its own, so network rules are FAILED with that reason, a
+// change of a static section is FAILED as such, and a version equal in
+// everything but the network sections without rules is LOADED.
+func TestPolicyWatch(t *testing.T) {
+	gw := relaytest.Start(t, relaytest.Options{})
+	base := &sandboxv1.SandboxPolicy{Version: 1, Filesystem: &sandboxv1.FilesystemPolicy{IncludeWorkdir: true, ReadOnly: []string{"/usr"}}}
+	gw.SetPolicy("sb-watch", base)
+	startSupervisor(t, gw, "sb-watch", nil)
+	status := func(version uint32) func(*relaytest.State) *openshellv1.ReportPolicyStatusRequest {
+		return func(s *relaytest.State) *openshellv1.ReportPolicyStatusRequest {
+			for _, st := range s.Statuses() {
+				if st.GetVersion() == version {
+					return st
+				}
+			}
+			return nil
+		}
+	}
+	wait := func(version uint32, want openshellv1.PolicyStatus, reason string) {
+		t.Helper()
+		gw.WaitFor(t, 10*time.Second, fmt.Sprintf("version %d %v", version, want), func(s *relaytest.State) bool {
+			st := status(version)(s)
+			return st != nil && st.GetStatus() == want && st.GetLoadError() == reason
+		})
+	}
+	wait(1, openshellv1.PolicyStatus_POLICY_STATUS_LOADED, "")
+
+	withRules := proto.Clone(base).(*sandboxv1.SandboxPolicy)
+	withRules.NetworkPolicies = map[string]*sandboxv1.NetworkPolicyRule{"gh": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.github.com", Port: 443}}}}
+	gw.SetPolicy("sb-watch", withRules)
+	wait(2, openshellv1.PolicyStatus_POLICY_STATUS_FAILED,
+		"network policies are not enforced as written: no egress proxy runs: the sandbox has no network namespace of its own, so a proxy could be bypassed (rules: gh)")
+
+	static := proto.Clone(base).(*sandboxv1.SandboxPolicy)
+	static.Filesystem.ReadOnly = append(static.Filesystem.ReadOnly, "/opt")
+	gw.SetPolicy("sb-watch", static)
+	wait(3, openshellv1.PolicyStatus_POLICY_STATUS_FAILED,
+		"filesystem, landlock and process sections apply at sandbox start only; the new version is not applied")
+
+	gw.SetPolicy("sb-watch", proto.Clone(base).(*sandboxv1.SandboxPolicy))
+	wait(4, openshellv1.PolicyStatus_POLICY_STATUS_LOADED, "")
 }
 
 func TestPolicySyncAndStatus(t *testing.T) {

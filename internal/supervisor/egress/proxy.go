@@ -288,6 +288,9 @@ func forward(c net.Conn, req *http.Request, up net.Conn) {
 	for _, h := range hopHeaders {
 		req.Header.Del(h)
 	}
+	// req.Host is the URL's host (http.ReadRequest prefers it to a Host
+	// header for absolute-form requests), so the upstream sees the host
+	// the decision was about.
 	req.RequestURI = ""
 	req.Close = true
 	if err := req.Write(up); err != nil {

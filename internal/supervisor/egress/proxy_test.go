@@ -169,6 +169,23 @@ func TestProxyAllowsAndDenies(t *testing.T) {
 		t.Errorf("event carries the path or query: %s", s)
 	}
 
+	// A Host header naming another host does not reach the upstream.
+	raw, err := net.Dial("tcp", tp.url.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(raw, "GET http://%s/fronted HTTP/1.1\r\nHost: other.test\r\n\r\n", target)
+	resp, err := http.ReadResponse(bufio.NewReader(raw), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fronted, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	raw.Close()
+	if string(fronted) != "hello "+target+" /fronted" {
+		t.Errorf("forward GET with another Host header reached the upstream as %q, want the decided host", fronted)
+	}
+
 	if code, body := connect(t, tp.url, target); code != 200 || body != "hello "+target+" /tunnel" {
 		t.Fatalf("CONNECT = %d %q, want 200 and the tunnelled response", code, body)
 	}
