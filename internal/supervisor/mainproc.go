@@ -19,12 +19,11 @@ import (
 // runMainProcess starts the sandbox's main process, forwards its output
 // and reports its exit to the gateway. When ctx ends first the process
 // group gets SIGTERM, then SIGKILL after five seconds.
-func runMainProcess(ctx context.Context, log *slog.Logger, cfg Config, agents *agentLauncher, procs *procTable, pusher *logPusher, client openshellv1.OpenShellClient, stdout, stderr io.Writer) {
+func runMainProcess(ctx context.Context, log *slog.Logger, cfg Config, env []string, agents *agentLauncher, procs *procTable, pusher *logPusher, client openshellv1.OpenShellClient, stdout, stderr io.Writer) {
 	argv := cfg.Command
 	if len(argv) == 0 {
 		argv = loginShell()
 	}
-	env := childEnv(cfg.agentEnv)
 	if cfg.TTY {
 		env = append(env, "TERM=xterm-256color")
 	}

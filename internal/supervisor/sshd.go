@@ -28,15 +28,15 @@ type sshServer struct {
 	procs   *procTable
 	agents  *agentLauncher
 	workdir string
-	env     []string // base environment of sessions
-	shell   []string // login shell argv
+	env     func() []string // base environment of sessions
+	shell   []string        // login shell argv
 
 	wg    sync.WaitGroup
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
 }
 
-func newSSHServer(log *slog.Logger, procs *procTable, agents *agentLauncher, workdir string, env, shell []string) (*sshServer, error) {
+func newSSHServer(log *slog.Logger, procs *procTable, agents *agentLauncher, workdir string, env func() []string, shell []string) (*sshServer, error) {
 	_, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, err
@@ -267,7 +267,7 @@ func (s *sshServer) session(ch ssh.Channel, reqs <-chan *ssh.Request) {
 // start launches argv for a session channel, wired to ch directly or
 // through a pty, confined like every agent process.
 func (s *sshServer) start(ch ssh.Channel, argv, env []string, pt *ptyReq) (*proc, *os.File, error) {
-	env = append(append([]string(nil), s.env...), env...)
+	env = append(s.env(), env...)
 	if pt != nil {
 		term := pt.term
 		if term == "" {

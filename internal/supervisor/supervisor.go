@@ -370,6 +370,19 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		watchPolicy(ctx, log.With("component", "config"), client, cfg.SandboxID, loaded, policyPollInterval, eg.reload)
 	})
 
+	// Provider credentials reach agent processes as placeholders. As in
+	// OpenShell, a failure here is not fatal: the sandbox starts without
+	// them and the refresh loop keeps trying.
+	penv := &providerEnv{}
+	if _, err := penv.fetch(ctx, client, cfg.SandboxID); err != nil {
+		log.Warn("cannot read the provider environment; starting without it", "err", err)
+	}
+	wg.Go(func() {
+		penv.refreshLoop(ctx, log.With("component", "providers"), client, cfg.SandboxID, providerEnvRefresh)
+	})
+	// The egress proxy's variables win over a same-named provider key.
+	agentEnv := func() []string { return childEnv(overlay(penv.list(), cfg.agentEnv)) }
+
 	sockPath := cfg.SSHSocket
 	if sockPath == "" {
 		dir, err := os.MkdirTemp("", "openshell-ssh-")
@@ -383,7 +396,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("ssh server socket: %w", err)
 	}
-	srv, err := newSSHServer(log.With("component", "ssh"), procs, agents, cfg.WorkspaceDir, childEnv(cfg.agentEnv), loginShell())
+	srv, err := newSSHServer(log.With("component", "ssh"), procs, agents, cfg.WorkspaceDir, agentEnv, loginShell())
 	if err != nil {
 		ln.Close()
 		return err
@@ -406,7 +419,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 
 	if !cfg.NoMainProcess {
 		wg.Go(func() {
-			runMainProcess(ctx, log.With("component", "process"), cfg, agents, procs, pusher, client, stdout, stderr)
+			runMainProcess(ctx, log.With("component", "process"), cfg, agentEnv(), agents, procs, pusher, client, stdout, stderr)
 		})
 	}
 	<-ctx.Done()
