@@ -38,7 +38,7 @@ func (a *app) newGatewayAddCmd() *cobra.Command {
 				return usagef("--endpoint is required")
 			}
 			reg := a.newRegistry()
-			e, err := reg.Add(o, a.now())
+			e, err := reg.Add(o)
 			if err != nil {
 				return err
 			}
@@ -74,6 +74,8 @@ type gatewayView struct {
 func viewOf(e gatewayEntry, active string) gatewayView {
 	auth := "none"
 	switch {
+	case e.AuthMode == authModeOIDC || e.AuthMode == authModeCloudflareJWT:
+		auth = e.AuthMode
 	case e.Insecure:
 		auth = "tls (unverified)"
 	case e.CertFile() != "":

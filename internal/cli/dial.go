@@ -74,12 +74,18 @@ func (a *app) resolveGateway() (gatewayTarget, error) {
 		if err != nil {
 			return gatewayTarget{}, err
 		}
+		if err := checkAuthMode(e); err != nil {
+			return gatewayTarget{}, err
+		}
 		return fromEntry(e, "--gateway"), nil
 	}
 	if name := reg.Active(); name != "" {
 		e, err := reg.Get(name)
 		if err != nil {
 			return gatewayTarget{}, fmt.Errorf("active gateway %q: %w (select another with 'openshell gateway select NAME')", name, err)
+		}
+		if err := checkAuthMode(e); err != nil {
+			return gatewayTarget{}, err
 		}
 		return fromEntry(e, "active gateway"), nil
 	}
@@ -91,9 +97,26 @@ func (a *app) resolveGateway() (gatewayTarget, error) {
 	case 0:
 		return a.localGateway(), nil
 	case 1:
+		if err := checkAuthMode(all[0]); err != nil {
+			return gatewayTarget{}, err
+		}
 		return fromEntry(all[0], "only registered gateway"), nil
 	default:
 		return gatewayTarget{}, fmt.Errorf("%d gateways are registered but none is selected: choose one with 'openshell gateway select NAME' or --gateway NAME", len(all))
+	}
+}
+
+// checkAuthMode refuses a gateway registered (by OpenShell's CLI) with an
+// auth_mode this CLI cannot authenticate with, instead of dialing it
+// without credentials.
+func checkAuthMode(e gatewayEntry) error {
+	switch m := e.effectiveAuthMode(); m {
+	case authModeMTLS, authModePlaintext:
+		return nil
+	case authModeOIDC, authModeCloudflareJWT:
+		return fmt.Errorf("gateway %q uses auth_mode %q, which this openshell does not support yet (no 'gateway login'); use OpenShell's CLI for it, or register the gateway's mTLS endpoint", e.Name, m)
+	default:
+		return fmt.Errorf("gateway %q: unknown auth_mode %q in %s", e.Name, m, filepath.Join(e.Dir, "metadata.json"))
 	}
 }
 

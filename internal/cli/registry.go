@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/openshell-go/openshell/internal/atomicfile"
 )
@@ -26,7 +26,7 @@ const DefaultSystemGatewayDir = "/etc/openshell"
 // Layout under each root:
 //
 //	active_gateway                      name of the selected gateway
-//	gateways/<name>/metadata.json       gatewayMeta
+//	gateways/<name>/metadata.json       gatewayMeta (OpenShell's format)
 //	gateways/<name>/mtls/ca.crt         CA that signs the gateway's certificate
 //	gateways/<name>/mtls/tls.crt|key    client certificate and key (mTLS)
 type registry struct {
@@ -34,12 +34,117 @@ type registry struct {
 	systemDir string
 }
 
-// gatewayMeta is metadata.json.
+// gatewayMeta is metadata.json in OpenShell's format: the keys and their
+// meaning are those of OpenShell's CLI and SDKs, so one registry serves both
+// implementations. is_remote and gateway_port are always written (OpenShell's
+// reader requires them); gateway_port is 0 for a gateway that was added, not
+// started by the CLI. Insecure is openshell-go's own key: OpenShell's
+// readers ignore it.
 type gatewayMeta struct {
-	Name      string    `json:"name"`
-	Endpoint  string    `json:"endpoint"`
-	Insecure  bool      `json:"insecure,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
+	Name             string `json:"name"`
+	Endpoint         string `json:"gateway_endpoint"`
+	IsRemote         bool   `json:"is_remote"`
+	GatewayPort      uint16 `json:"gateway_port"`
+	RemoteHost       string `json:"remote_host,omitempty"`
+	ResolvedHost     string `json:"resolved_host,omitempty"`
+	AuthMode         string `json:"auth_mode,omitempty"`
+	EdgeTeamDomain   string `json:"edge_team_domain,omitempty"`
+	EdgeAuthURL      string `json:"edge_auth_url,omitempty"`
+	OIDCIssuer       string `json:"oidc_issuer,omitempty"`
+	OIDCClientID     string `json:"oidc_client_id,omitempty"`
+	OIDCAudience     string `json:"oidc_audience,omitempty"`
+	OIDCScopes       string `json:"oidc_scopes,omitempty"`
+	VMDriverStateDir string `json:"vm_driver_state_dir,omitempty"`
+	Insecure         bool   `json:"insecure,omitempty"`
+}
+
+// Auth modes of metadata.json (OpenShell's values).
+const (
+	authModeMTLS          = "mtls"
+	authModePlaintext     = "plaintext"
+	authModeOIDC          = "oidc"
+	authModeCloudflareJWT = "cloudflare_jwt"
+)
+
+// effectiveAuthMode is auth_mode with OpenShell's default: absent means mTLS,
+// except for an http:// endpoint, which is plaintext.
+func (m gatewayMeta) effectiveAuthMode() string {
+	switch {
+	case m.AuthMode != "":
+		return m.AuthMode
+	case strings.HasPrefix(m.Endpoint, "https://"):
+		return authModeMTLS
+	default:
+		return authModePlaintext
+	}
+}
+
+// legacyGatewayMeta is metadata.json as openshell-go wrote it before it
+// adopted OpenShell's format.
+type legacyGatewayMeta struct {
+	Name     string `json:"name"`
+	Endpoint string `json:"endpoint"`
+	Insecure bool   `json:"insecure"`
+}
+
+// parseGatewayMeta decodes metadata.json in OpenShell's format, or in
+// openshell-go's earlier format (migrated reports true then). OpenShell's
+// aliases cf_team_domain and cf_auth_url are accepted.
+func parseGatewayMeta(b []byte) (m gatewayMeta, migrated bool, err error) {
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(b, &keys); err != nil {
+		return gatewayMeta{}, false, err
+	}
+	if _, ok := keys["gateway_endpoint"]; !ok {
+		if _, legacy := keys["endpoint"]; legacy {
+			var old legacyGatewayMeta
+			if err := json.Unmarshal(b, &old); err != nil {
+				return gatewayMeta{}, false, err
+			}
+			return newGatewayMeta(old.Name, old.Endpoint, old.Insecure), true, nil
+		}
+		return gatewayMeta{}, false, errors.New("missing gateway_endpoint")
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return gatewayMeta{}, false, err
+	}
+	for alias, dst := range map[string]*string{"cf_team_domain": &m.EdgeTeamDomain, "cf_auth_url": &m.EdgeAuthURL} {
+		if raw, ok := keys[alias]; ok && *dst == "" {
+			_ = json.Unmarshal(raw, dst)
+		}
+	}
+	return m, false, nil
+}
+
+// newGatewayMeta is the metadata of a gateway registered with an endpoint:
+// plaintext for http:// and unix://, mtls (OpenShell's TLS mode: the client
+// certificate is used when present) for https://; remote unless the host is
+// loopback or the endpoint a unix socket.
+func newGatewayMeta(name, endpoint string, insecure bool) gatewayMeta {
+	m := gatewayMeta{Name: name, Endpoint: endpoint, AuthMode: authModePlaintext, Insecure: insecure}
+	if strings.HasPrefix(endpoint, "https://") {
+		m.AuthMode = authModeMTLS
+	}
+	if u, err := url.Parse(endpoint); err == nil && u.Scheme != "unix" {
+		m.IsRemote = !isLoopbackHost(u.Hostname())
+	}
+	return m
+}
+
+func isLoopbackHost(h string) bool {
+	if strings.EqualFold(h, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
+
+func marshalGatewayMeta(m gatewayMeta) ([]byte, error) {
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
 }
 
 // gatewayEntry is a registered gateway as found on disk.
@@ -144,15 +249,27 @@ func (r *registry) gatewaysDir(root string) string { return filepath.Join(root, 
 
 func (r *registry) load(root, name string, system bool) (gatewayEntry, error) {
 	dir := filepath.Join(r.gatewaysDir(root), name)
-	b, err := os.ReadFile(filepath.Join(dir, "metadata.json"))
+	path := filepath.Join(dir, "metadata.json")
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return gatewayEntry{}, err
 	}
-	var m gatewayMeta
-	if err := json.Unmarshal(b, &m); err != nil {
-		return gatewayEntry{}, fmt.Errorf("gateway %q: corrupt %s: %w", name, filepath.Join(dir, "metadata.json"), err)
+	m, migrated, err := parseGatewayMeta(b)
+	if err != nil {
+		return gatewayEntry{}, fmt.Errorf("gateway %q: corrupt %s: %w", name, path, err)
 	}
 	m.Name = name
+	if migrated && !system {
+		// Rewrite in OpenShell's format so OpenShell's clients can read it
+		// too. The system root is read-only: migrate in memory only.
+		nb, err := marshalGatewayMeta(m)
+		if err != nil {
+			return gatewayEntry{}, err
+		}
+		if err := atomicfile.Write(path, nb, 0o600); err != nil {
+			return gatewayEntry{}, fmt.Errorf("gateway %q: migrate %s to OpenShell's format: %w", name, path, err)
+		}
+	}
 	return gatewayEntry{gatewayMeta: m, Dir: dir, System: system}, nil
 }
 
@@ -250,7 +367,7 @@ type addOptions struct {
 
 // Add registers a gateway in the user root. It writes into a temporary
 // directory first, so a failed add leaves nothing behind.
-func (r *registry) Add(o addOptions, now time.Time) (gatewayEntry, error) {
+func (r *registry) Add(o addOptions) (gatewayEntry, error) {
 	if err := validateGatewayName(o.Name); err != nil {
 		return gatewayEntry{}, err
 	}
@@ -299,12 +416,12 @@ func (r *registry) Add(o addOptions, now time.Time) (gatewayEntry, error) {
 			return gatewayEntry{}, err
 		}
 	}
-	m := gatewayMeta{Name: o.Name, Endpoint: o.Endpoint, Insecure: o.Insecure, CreatedAt: now.UTC()}
-	b, err := json.MarshalIndent(m, "", "  ")
+	m := newGatewayMeta(o.Name, o.Endpoint, o.Insecure)
+	b, err := marshalGatewayMeta(m)
 	if err != nil {
 		return gatewayEntry{}, err
 	}
-	if err := os.WriteFile(filepath.Join(tmp, "metadata.json"), append(b, '\n'), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(tmp, "metadata.json"), b, 0o600); err != nil {
 		return gatewayEntry{}, err
 	}
 	if err := os.Rename(tmp, final); err != nil {
