@@ -4,7 +4,9 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -88,6 +90,43 @@ func TestSandboxFilesystemEscapes(t *testing.T) {
 	}
 	if out, errOut, code := sandboxShell(ctx, t, c, a, `cat /etc/shadow; touch /usr/probe /probe 2>/dev/null; echo $?`); code != 0 || out != "1\n" {
 		t.Errorf("/etc/shadow, /usr, /: %q %q (exit %d), want an empty shadow and read-only system directories", out, errOut, code)
+	}
+
+	// Identity: with a root gateway each sandbox's root is an unprivileged
+	// host id range of its own, so a process that escapes the other layers
+	// is nobody on the host.
+	if os.Geteuid() == 0 {
+		bases := map[string]uint64{}
+		for name, id := range map[string]string{"a": a, "b": b} {
+			out, _, _ := sandboxShell(ctx, t, c, id, `cat /proc/self/uid_map /proc/self/gid_map; id -u`)
+			f := strings.Fields(out)
+			if len(f) != 7 || f[0] != "0" || f[2] != "65536" || f[3] != "0" || f[4] != f[1] || f[5] != "65536" || f[6] != "0" {
+				t.Fatalf("sandbox %s: uid_map, gid_map, id -u = %q, want 0 <base> 65536 twice and uid 0", name, out)
+			}
+			base, err := strconv.ParseUint(f[1], 10, 32)
+			if err != nil || base < 65536 {
+				t.Errorf("sandbox %s: root maps to host id %s, want an unprivileged range", name, f[1])
+			}
+			bases[name] = base
+		}
+		if bases["a"] == bases["b"] {
+			t.Errorf("sandboxes a and b share the host id range %d", bases["a"])
+		}
+		if _, errOut, code := sandboxShell(ctx, t, c, a, `echo owned > /sandbox/owned`); code != 0 {
+			t.Fatalf("write /sandbox/owned: %q", errOut)
+		}
+		fi, err := os.Stat(filepath.Join(g.StateDir, "sandboxes", a, "workspace", "owned"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); uint64(st.Uid) != bases["a"] || uint64(st.Gid) != bases["a"] {
+			t.Errorf("a file the sandbox's root wrote is owned by host %d:%d, want %d", st.Uid, st.Gid, bases["a"])
+		}
+		if fi, err := os.Stat(filepath.Join(g.StateDir, "sandboxes", a, "token")); err != nil {
+			t.Error(err)
+		} else if fi.Mode().Perm() != 0o600 || fi.Sys().(*syscall.Stat_t).Uid != 0 {
+			t.Errorf("token file: mode %v owner %d, want 0600 and the gateway's user", fi.Mode(), fi.Sys().(*syscall.Stat_t).Uid)
+		}
 	}
 
 	// Positives.

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -100,11 +101,24 @@ func refreshAt(now, iat, exp time.Time) time.Time {
 	return iat.Add(exp.Sub(iat) * 8 / 10)
 }
 
+// readCredentialFile reads p; a /proc/self/fd/N path handed over by the
+// process driver is read from the inherited fd itself (re-opening it would
+// check the file's permissions against the sandbox's ids) and then closed.
+func readCredentialFile(p string) ([]byte, error) {
+	fd := inheritedFD(p)
+	if fd < 0 {
+		return os.ReadFile(p)
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	return io.ReadAll(f)
+}
+
 // preloadCredentials reads the token files into cfg (TokenFile wins over
 // Token; the ServiceAccount token is only used when neither is set).
 func preloadCredentials(cfg *Config) error {
 	if cfg.TokenFile != "" {
-		b, err := os.ReadFile(cfg.TokenFile)
+		b, err := readCredentialFile(cfg.TokenFile)
 		if err != nil {
 			return fmt.Errorf("read sandbox token file: %w", err)
 		}

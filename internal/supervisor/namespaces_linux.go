@@ -2,10 +2,12 @@ package supervisor
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -95,10 +97,47 @@ func pinUnixEndpoint(cfg *Config) (*os.File, error) {
 	if err != nil || u.Path == "" {
 		return nil, fmt.Errorf("%s: invalid unix endpoint", EnvEndpoint)
 	}
+	if fd := inheritedFD(filepath.Dir(u.Path)); fd >= 0 {
+		// Handed over by the process driver (a detached mount, which only
+		// this fd can attach): kept as it is.
+		return os.NewFile(uintptr(fd), filepath.Dir(u.Path)), nil
+	}
 	dir, err := os.OpenFile(filepath.Dir(u.Path), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open gateway socket directory: %w", err)
 	}
 	cfg.Endpoint = fmt.Sprintf("unix:///proc/self/fd/%d/%s", dir.Fd(), filepath.Base(u.Path))
 	return dir, nil
+}
+
+// inheritedFD returns N for a path /proc/self/fd/N, the form in which the
+// process driver hands over files the supervisor cannot reach by path (it
+// runs with the sandbox's host ids), or -1.
+func inheritedFD(p string) int {
+	rest, ok := strings.CutPrefix(p, "/proc/self/fd/")
+	if !ok {
+		return -1
+	}
+	fd, err := strconv.Atoi(rest)
+	if err != nil || fd < 3 {
+		return -1
+	}
+	return fd
+}
+
+// sealInheritedFDs marks every inherited fd close-on-exec, so none reaches
+// a sandbox process, and closes the one the supervisor was executed
+// through (the process driver runs it as /proc/self/fd/N).
+func sealInheritedFDs() {
+	_ = unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC)
+	var exe unix.Stat_t
+	if unix.Stat("/proc/self/exe", &exe) != nil {
+		return
+	}
+	for fd := 3; fd < 64; fd++ {
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) == nil && st.Dev == exe.Dev && st.Ino == exe.Ino {
+			_ = unix.Close(fd)
+		}
+	}
 }

@@ -285,10 +285,16 @@ func enterSandboxRoot(cfg *Config) error {
 			return step("workspace", err)
 		}
 	}
-	// Pinned before the staging mount may cover the workspace's path.
-	wsFD, err := unix.Open(ws, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return step("open workspace "+ws, err)
+	// Pinned before the staging mount may cover the workspace's path. An
+	// fd handed over by the driver (a detached mount) is used itself: it
+	// is the only handle that can attach that mount. Either is closed at
+	// the end, so no fd of the supervisor leads into the host filesystem.
+	wsFD := inheritedFD(ws)
+	if wsFD < 0 {
+		var err error
+		if wsFD, err = unix.Open(ws, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+			return step("open workspace "+ws, err)
+		}
 	}
 	defer func() { _ = unix.Close(wsFD) }()
 	// The gateway socket's directory, pinned by pinUnixEndpoint as an open
@@ -340,7 +346,7 @@ func populateRoot(root string, wsFD, gwFD int) error {
 	if err != nil {
 		return fmt.Errorf("workspace mount point: %w", err)
 	}
-	if err := unix.Mount(fdPath(wsFD), dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+	if err := bindFD(wsFD, dst, unix.MS_REC); err != nil {
 		return fmt.Errorf("bind workspace at %s: %w", dst, err)
 	}
 	if dst, err = rootfsDir(root, "proc"); err != nil {
@@ -368,7 +374,7 @@ func populateRoot(root string, wsFD, gwFD int) error {
 		if err := os.Mkdir(dst, 0o700); err != nil {
 			return fmt.Errorf("gateway socket mount point: %w", err)
 		}
-		if err := unix.Mount(fdPath(gwFD), dst, "", unix.MS_BIND, ""); err != nil {
+		if err := bindFD(gwFD, dst, 0); err != nil {
 			return fmt.Errorf("bind gateway socket directory at %s: %w", dst, err)
 		}
 		// Connecting to a socket needs no write access to its mount.
@@ -380,6 +386,20 @@ func populateRoot(root string, wsFD, gwFD int) error {
 }
 
 func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
+
+// bindFD mounts the directory open as fd at dst. A directory of this mount
+// namespace is bound; a detached mount handed over by the process driver
+// (open_tree in the gateway's namespace, which a bind refuses with EINVAL)
+// is attached with move_mount.
+func bindFD(fd int, dst string, flags uintptr) error {
+	err := unix.Mount(fdPath(fd), dst, "", unix.MS_BIND|flags, "")
+	if errors.Is(err, unix.EINVAL) {
+		if merr := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); merr == nil {
+			return nil
+		}
+	}
+	return err
+}
 
 // pivotInto makes root the root directory. pivot_root(".", ".") stacks the
 // old root on top of the new one; detaching it leaves the new root as /

@@ -262,6 +262,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		_, _ = fmt.Fprintf(stdout, "openshell-sandbox %s\n", version.Version)
 		return nil
 	}
+	sealInheritedFDs()
 	cfg, err := ConfigFromEnv(os.Getenv)
 	if err != nil {
 		return err

@@ -11,8 +11,22 @@
 // driver refuses any other callback endpoint. The new mount namespace
 // inherits the host's propagation, so the supervisor must make /
 // recursively private before it mounts anything (see the contract
-// below). When the gateway does not run as root it also gets a new user
-// namespace mapping the gateway's uid/gid to root. Resource requests
+// below).
+//
+// User namespace. Where the gateway runs as root, a sandbox without an
+// image also gets a new user namespace mapping its ids 0..65535 to a host
+// id range of its own (2^30 + n*65536, the lowest range no other sandbox
+// holds, recorded in state.json as host_id_base and kept across
+// stop/start), and the supervisor starts as the namespace's root: on the
+// host it is that unprivileged id, not root, and so is anything that
+// escapes the sandbox's other layers. Its workspace is owned by the range's
+// root (a workspace of another owner, as earlier versions left it, is
+// converted once). A sandbox with a dir: image runs without a user
+// namespace for now: the image's files belong to host ids outside the
+// range, which its overlay could not give the sandbox to write (idmapped
+// lower layers would). Where the gateway does not run as root, every
+// sandbox gets a user namespace mapping the gateway's uid/gid to root
+// (size 1). Resource requests
 // and limits are enforced with cgroup v2 (<cgroup_root>/openshell/<id>,
 // cpu.max, cpu.weight, memory.max, memory.low); the process is cloned
 // directly into its cgroup. A request the host cannot enforce is rejected
@@ -24,7 +38,8 @@
 // Per sandbox, under <state_dir>/sandboxes/<id>/ (mode 0700):
 //
 //	state.json      the record: spec without token, instance id, pid, process start time, stopped flag
-//	token           the sandbox JWT (0600); never on a command line or in logs
+//	token           the sandbox JWT (0600, the gateway's user); never on a command line or in logs
+//	gateway/        user namespace only: gateway.sock, this sandbox's own socket to the gateway (below)
 //	workspace/      the persistent workspace (/sandbox inside), kept across stop/start, removed on delete
 //	rootfs-layer/   a dir: image's writable layer (upper/ and work/, or copy/), kept across stop/start
 //	supervisor.log  the supervisor's stdout and stderr
@@ -69,7 +84,25 @@
 //	OPENSHELL_EGRESS_TEST_HOSTS   test only, copied from the gateway's own environment
 //	                              (never from a sandbox spec): the proxy's resolver override
 //
-// and, because Go cannot run code between clone and exec, these requests
+// In a user namespace with its own range the supervisor's host ids cannot
+// search the gateway's state directory, so the driver hands it what it
+// needs as inherited fds named /proc/self/fd/N instead of paths (after the
+// egress dialer's fd 3): it executes the supervisor binary through fd 4
+// (working directory /),
+// OPENSHELL_WORKSPACE_DIR is a detached copy of the workspace's mount
+// (open_tree; the supervisor attaches it with move_mount),
+// OPENSHELL_SANDBOX_TOKEN_FILE an fd open on the token file (read from the
+// fd; the file stays the gateway's, mode 0600) and, for a unix://
+// endpoint, OPENSHELL_ENDPOINT is unix:///proc/self/fd/N/gateway.sock in a
+// detached copy of <id>/gateway/, where the driver listens on a socket
+// owned by the sandbox's root (0600, directory 0700) and forwards each
+// connection to the gateway's own callback socket, which belongs to the
+// gateway's user. The forwarder lives in the gateway process: it stops
+// with the supervisor or the driver and is resumed for supervisors found
+// running when the driver starts. The supervisor closes or marks
+// close-on-exec every inherited fd, so none reaches a sandbox process.
+//
+// And, because Go cannot run code between clone and exec, these requests
 // that the supervisor performs at start, as pid 1 of its namespaces and
 // before it dials the gateway (internal/supervisor implements them in
 // setupNamespaces):
@@ -136,16 +169,17 @@
 // the database, every sandbox's token and workspace), other sandboxes,
 // /root, /home and the host's devices are not in the sandbox's filesystem;
 // system directories and images cannot be written; the host's /tmp and
-// process list are hidden. What it does not: /sys is absent but the
-// network is the host's; the sandbox's processes run as root of their
-// namespaces with full capabilities there unless the supervisor drops them
-// (see internal/supervisor), so one that means to can remount the
-// read-only directories writable again; and where the gateway runs as root
-// (no user namespace) that root is the host's, able to create device nodes
-// and mount host disks. The token file (0600, owned by the gateway's user)
-// is read by the supervisor before the pivot and is not in the sandbox's
-// root; the variable naming it is removed from the environment of sandbox
-// processes.
+// process list are hidden; in a user namespace with its own range the
+// sandbox's root is an unprivileged host id. What it does not: /sys is
+// absent but the network is the host's; the sandbox's processes run as
+// root of their namespaces with full capabilities there unless the
+// supervisor drops them (see internal/supervisor), so one that means to can
+// remount the read-only directories writable again; and in a sandbox with
+// an image under a root gateway (no user namespace) that root is the
+// host's, able to create device nodes and mount host disks. The token
+// file is read by the supervisor before the pivot and is not in the
+// sandbox's root; the variable naming it is removed from the environment
+// of sandbox processes.
 //
 // OPENSHELL_SANDBOX_TOKEN, OPENSHELL_SANDBOX_TOKEN_FILE, OPENSHELL_ROOTFS and
 // OPENSHELL_ROOTFS_LAYER from the spec or template environment are dropped:

@@ -64,6 +64,9 @@ type sandbox struct {
 	proc     *running // nil when no process
 	deleting bool
 	creating bool
+	// proxy forwards a user-namespace supervisor's gateway connections
+	// (nil otherwise, and while stopped).
+	proxy *gatewayProxy
 }
 
 // running is a live supervisor process.
@@ -84,6 +87,9 @@ type record struct {
 	StartTime  uint64       `json:"start_time,omitempty"`
 	Stopped    bool         `json:"stopped,omitempty"`
 	CgroupDir  string       `json:"cgroup_dir,omitempty"`
+	// IDBase is the first host id of the sandbox's user namespace range
+	// (0: none allocated).
+	IDBase uint32 `json:"host_id_base,omitempty"`
 	// ExitMessage describes the last unexpected exit.
 	ExitMessage string    `json:"exit_message,omitempty"`
 	Transition  time.Time `json:"transition"`
@@ -130,6 +136,7 @@ func (d *Driver) dir(id string) string          { return filepath.Join(d.sandbox
 func (d *Driver) tokenPath(id string) string    { return filepath.Join(d.dir(id), "token") }
 func (d *Driver) workspaceDir(id string) string { return filepath.Join(d.dir(id), "workspace") }
 func (d *Driver) layerDir(id string) string     { return filepath.Join(d.dir(id), "rootfs-layer") }
+func (d *Driver) proxyDir(id string) string     { return filepath.Join(d.dir(id), "gateway") }
 
 // recover loads every state.json and re-attaches to live supervisors.
 func (d *Driver) recover() error {
@@ -155,6 +162,7 @@ func (d *Driver) recover() error {
 			h, err := openPid(rec.PID, rec.StartTime)
 			if err == nil {
 				d.attach(sb, h)
+				d.resumeProxyLocked(sb)
 				d.logger.Info("re-attached to running supervisor", "sandbox_id", rec.ID, "pid", rec.PID)
 				continue
 			}
@@ -180,6 +188,7 @@ func (d *Driver) recover() error {
 				sb.rec.PID, sb.rec.StartTime = h.pid, h.startTime
 				d.save(sb)
 				d.attach(sb, h)
+				d.resumeProxyLocked(sb)
 				d.logger.Info("found unrecorded supervisor", "sandbox_id", sb.rec.ID, "pid", pid)
 				continue
 			}
@@ -252,6 +261,8 @@ func (d *Driver) Close() error {
 		if sb.proc != nil {
 			sb.proc.h.file.Close() // unblocks the monitor
 		}
+		// The supervisor reconnects to the next gateway's proxy.
+		closeProxyLocked(sb)
 	}
 	d.mu.Unlock()
 	d.wg.Wait()
@@ -328,7 +339,18 @@ func (d *Driver) validate(sb compute.Sandbox) (rootfs string, l limits, cgRoot s
 // unprivileged reports whether sandboxes need a user namespace.
 func unprivileged() bool { return os.Geteuid() != 0 }
 
-func (d *Driver) sysProcAttr() *syscall.SysProcAttr {
+// probeBase is the id range checkNamespaces tries: the first one when
+// sandboxes get ranges.
+func probeBase() uint32 {
+	if mappedUserNS("") {
+		return idRangeStart
+	}
+	return 0
+}
+
+// sysProcAttr returns the supervisor's clone attributes. base > 0 maps the
+// sandbox's ids 0..65535 to host ids base onward (see mappedUserNS).
+func (d *Driver) sysProcAttr(base uint32) *syscall.SysProcAttr {
 	attr := &syscall.SysProcAttr{
 		// CLONE_NEWNS is cloned, not unshared: Go's unshare path also
 		// remounts / rprivate, which costs ~2 ms per sandbox on a host
@@ -337,7 +359,9 @@ func (d *Driver) sysProcAttr() *syscall.SysProcAttr {
 		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
 		Setpgid:    true,
 	}
-	if unprivileged() {
+	if base > 0 {
+		userNSAttr(attr, base)
+	} else if unprivileged() {
 		attr.Cloneflags |= syscall.CLONE_NEWUSER
 		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}}
 		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}}
@@ -352,15 +376,17 @@ func (d *Driver) sysProcAttr() *syscall.SysProcAttr {
 // before it succeeded, anything else names what failed.
 func (d *Driver) checkNamespaces() error {
 	d.nsOnce.Do(func() {
-		probe := filepath.Join(d.cfg.stateDir, "sandboxes", ".namespace-probe-does-not-exist")
+		// At the root: the sandbox's host ids may not search the state
+		// directory.
+		probe := "/.openshell-namespace-probe-does-not-exist"
 		_, err := os.StartProcess(probe, []string{probe}, &os.ProcAttr{
-			Env: []string{}, Files: []*os.File{nil, nil, nil}, Sys: d.sysProcAttr(),
+			Env: []string{}, Files: []*os.File{nil, nil, nil}, Sys: d.sysProcAttr(probeBase()),
 		})
 		if err == nil || errors.Is(err, os.ErrNotExist) {
 			return
 		}
 		what := "pid, mount, uts, ipc and network namespaces"
-		if unprivileged() {
+		if unprivileged() || probeBase() > 0 {
 			what = "a user namespace (with pid, mount, uts, ipc and network namespaces)"
 		}
 		d.nsErr = errdefs.FailedPrecondition(fmt.Sprintf("process driver cannot create %s on this host: %v", what, err))
@@ -460,7 +486,17 @@ func (d *Driver) createFiles(sb *sandbox, token string) error {
 // spawn starts a new supervisor incarnation for sb. sb.op must be held.
 func (d *Driver) spawn(sb *sandbox, rootfs string, l limits, cgRoot string) error {
 	id := sb.rec.ID
-	attr := d.sysProcAttr()
+	var base uint32
+	if mappedUserNS(rootfs) {
+		d.mu.Lock()
+		err := d.allocIDBaseLocked(sb)
+		base = sb.rec.IDBase
+		d.mu.Unlock()
+		if err != nil {
+			return errdefs.ResourceExhausted(err.Error())
+		}
+	}
+	attr := d.sysProcAttr(base)
 	if !l.empty() {
 		dir, fd, err := setupCgroup(cgRoot, id, l)
 		if err != nil {
@@ -496,8 +532,18 @@ func (d *Driver) spawn(sb *sandbox, rootfs string, l limits, cgRoot string) erro
 	cmd := exec.Command(d.cfg.supervisorPath)
 	cmd.Dir = d.workspaceDir(id)
 	cmd.Env = d.environ(sb, rootfs)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.ExtraFiles = []*os.File{dialChild} // fd 3, OPENSHELL_EGRESS_DIALER_FD
+	if base > 0 {
+		// Appends fds 4 and up.
+		files, err := d.prepareUserNS(sb, cmd, base)
+		for _, f := range files {
+			defer f.Close()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = attr
 	// Persist the incarnation before the process exists, so a gateway
 	// crash right after the fork can find it by OPENSHELL_INSTANCE_ID.
@@ -617,6 +663,7 @@ func (d *Driver) monitor(sb *sandbox, r *running) {
 	d.mu.Lock()
 	if sb.proc == r {
 		sb.proc = nil
+		closeProxyLocked(sb)
 	}
 	sb.rec.PID, sb.rec.StartTime = 0, 0
 	sb.rec.Transition = now
@@ -937,6 +984,9 @@ func (d *Driver) Delete(ctx context.Context, ref compute.Ref) (bool, error) {
 	if err := removeCgroup(cgroupDir); err != nil {
 		d.logger.Warn("remove sandbox cgroup", "sandbox_id", sb.rec.ID, "error", err)
 	}
+	d.mu.Lock()
+	closeProxyLocked(sb)
+	d.mu.Unlock()
 	if err := os.RemoveAll(d.dir(sb.rec.ID)); err != nil {
 		return false, fmt.Errorf("sandbox %q: remove state: %w", sb.rec.ID, err)
 	}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -318,16 +319,26 @@ func TestSupervisorContract(t *testing.T) {
 	r := readReport(t, d, sb, state)
 	env := r["env"].(map[string]any)
 	ws := filepath.Join(state, "sandboxes", sb.ID, "workspace")
+	tokenFile, wsEnv, cwd := filepath.Join(state, "sandboxes", sb.ID, "token"), ws, ws
+	endpoint := "unix:///run/openshell/sandbox.sock"
+	if os.Geteuid() == 0 {
+		endpoint = "unix:///proc/self/fd/7/gateway.sock" // its own socket, forwarded
+		// A user namespace of its own: what the sandbox's host ids cannot
+		// reach by path comes as inherited fds after the egress dialer
+		// (binary 4, workspace 5, token 6, gateway socket directory 7),
+		// and it starts in /.
+		tokenFile, wsEnv, cwd = "/proc/self/fd/6", "/proc/self/fd/5", "/"
+	}
 	want := map[string]string{
 		"OPENSHELL_SANDBOX_ID":         sb.ID,
 		"OPENSHELL_SANDBOX_NAME":       "contract",
-		"OPENSHELL_ENDPOINT":           "unix:///run/openshell/sandbox.sock",
+		"OPENSHELL_ENDPOINT":           endpoint,
 		"OPENSHELL_PRIVATE_NETWORK":    "true",
-		"OPENSHELL_SANDBOX_TOKEN_FILE": filepath.Join(state, "sandboxes", sb.ID, "token"),
+		"OPENSHELL_SANDBOX_TOKEN_FILE": tokenFile,
 		"OPENSHELL_SANDBOX_COMMAND":    `["/bin/sh","-c","echo hi"]`,
 		"OPENSHELL_SANDBOX_TTY":        "false",
 		"OPENSHELL_LOG_LEVEL":          "debug",
-		"OPENSHELL_WORKSPACE_DIR":      ws,
+		"OPENSHELL_WORKSPACE_DIR":      wsEnv,
 		"OPENSHELL_SANDBOX_HOSTNAME":   "contract",
 		"OPENSHELL_PRIVATE_TMP":        "true",
 		"HOME":                         "/sandbox",
@@ -364,8 +375,8 @@ func TestSupervisorContract(t *testing.T) {
 	if ifs := fmt.Sprint(r["interfaces"]); ifs != "[lo]" {
 		t.Errorf("supervisor sees interfaces %s, want only [lo]", ifs)
 	}
-	if r["cwd"] != ws {
-		t.Errorf("supervisor cwd = %v, want %s", r["cwd"], ws)
+	if r["cwd"] != cwd {
+		t.Errorf("supervisor cwd = %v, want %s", r["cwd"], cwd)
 	}
 	if r["token_mode"] != "-rw-------" || r["token_len"].(float64) != float64(len(testToken)) {
 		t.Errorf("token file mode %v len %v, want -rw------- %d", r["token_mode"], r["token_len"], len(testToken))
@@ -436,6 +447,76 @@ func pidOf(t testing.TB, sb compute.Sandbox) int {
 		t.Fatalf("ready condition %+v has no pid: %v", c, err)
 	}
 	return pid
+}
+
+// TestUserNamespaceRanges: with a root gateway every sandbox's root is
+// its own unprivileged host id range, kept across stop, start and a
+// driver restart, and its workspace belongs to that range (a workspace of
+// the gateway's user, as left by earlier versions, is converted).
+func TestUserNamespaceRanges(t *testing.T) {
+	requireNamespaces(t)
+	if os.Geteuid() != 0 {
+		t.Skip("ranges need a root gateway")
+	}
+	state := t.TempDir()
+	d := open(t, state, nil)
+	cleanupSandboxes(t, d)
+	base := func(sb compute.Sandbox) string {
+		t.Helper()
+		r := readReport(t, d, sb, state)
+		f := strings.Fields(fmt.Sprint(r["uid_map"]))
+		if len(f) != 3 || f[0] != "0" || f[2] != "65536" {
+			t.Fatalf("supervisor uid_map = %q, want 0 <base> 65536", r["uid_map"])
+		}
+		if n, err := strconv.ParseUint(f[1], 10, 32); err != nil || n < 1<<30 {
+			t.Errorf("sandbox root maps to host id %s, want a range from 2^30", f[1])
+		}
+		return f[1]
+	}
+	a, b := goodSandbox(computetest.NewID(), "range-a"), goodSandbox(computetest.NewID(), "range-b")
+	for _, sb := range []compute.Sandbox{a, b} {
+		if err := d.Create(t.Context(), sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	baseA, baseB := base(a), base(b)
+	if baseA == baseB {
+		t.Errorf("sandboxes share the host id range %s", baseA)
+	}
+	ws := filepath.Join(state, "sandboxes", a.ID, "workspace")
+	if owner := ownerOf(t, ws); owner != baseA {
+		t.Errorf("workspace owner = %s, want host id %s", owner, baseA)
+	}
+	if err := d.Stop(t.Context(), compute.Ref{ID: a.ID}); err != nil {
+		t.Fatal(err)
+	}
+	// A file of the gateway's user, like a workspace from before ranges.
+	if err := os.Chown(ws, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ws, "old.txt"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	d = open(t, state, nil)
+	if err := d.Start(t.Context(), compute.Ref{ID: a.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if got := base(a); got != baseA {
+		t.Errorf("range after stop, restart and start = %s, want %s", got, baseA)
+	}
+	if owner := ownerOf(t, filepath.Join(ws, "old.txt")); owner != baseA {
+		t.Errorf("old workspace file owned by %s, want converted to the sandbox's range %s", owner, baseA)
+	}
+}
+
+func ownerOf(t *testing.T, p string) string {
+	t.Helper()
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strconv.FormatUint(uint64(fi.Sys().(*syscall.Stat_t).Uid), 10)
 }
 
 func TestStopStartKeepsWorkspace(t *testing.T) {

@@ -8,6 +8,7 @@ package main
 
 import (
 	"encoding/json"
+	"io"
 	"net"
 	"os"
 	"os/signal"
@@ -20,6 +21,7 @@ import (
 
 type report struct {
 	PID         int               `json:"pid"`
+	UIDMap      string            `json:"uid_map"`
 	Hostname    string            `json:"hostname"`
 	Cwd         string            `json:"cwd"`
 	Args        []string          `json:"args"`
@@ -51,6 +53,9 @@ func main() {
 			r.Interfaces = append(r.Interfaces, i.Name)
 		}
 	}
+	if b, err := os.ReadFile("/proc/self/uid_map"); err == nil {
+		r.UIDMap = strings.Join(strings.Fields(string(b)), " ")
+	}
 	r.Cwd, _ = os.Getwd()
 	for _, kv := range os.Environ() {
 		k, v, _ := strings.Cut(kv, "=")
@@ -60,7 +65,12 @@ func main() {
 		if st, err := os.Stat(p); err == nil {
 			r.TokenMode = st.Mode().Perm().String()
 		}
-		if b, err := os.ReadFile(p); err == nil {
+		// Like openshell-sandbox: a handed-over fd is read, not re-opened.
+		if n, err := strconv.Atoi(strings.TrimPrefix(p, "/proc/self/fd/")); err == nil && strings.HasPrefix(p, "/proc/self/fd/") {
+			if b, err := io.ReadAll(os.NewFile(uintptr(n), p)); err == nil {
+				r.TokenLen = len(b)
+			}
+		} else if b, err := os.ReadFile(p); err == nil {
 			r.TokenLen = len(b)
 		}
 	}

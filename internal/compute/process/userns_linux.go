@@ -1,0 +1,336 @@
+//go:build linux
+
+package process
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/openshell-go/openshell/internal/errdefs"
+)
+
+// Host id ranges of user-namespace sandboxes: sandbox slot n maps its ids
+// 0..65535 to host ids idRangeStart+n*65536 onward, so its root is an
+// unprivileged host id no other sandbox and no host account shares.
+const (
+	idRangeStart = 1 << 30
+	idRangeSize  = 1 << 16
+	idRangeSlots = 1 << 14
+)
+
+// mappedUserNS reports whether a sandbox runs in a user namespace mapping
+// its root to its own host id range: when the gateway is root (it may
+// write such maps) and the sandbox has no image (an image's files belong
+// to host ids outside the range, which the sandbox could not write).
+func mappedUserNS(rootfs string) bool { return !unprivileged() && rootfs == "" }
+
+// allocIDBaseLocked gives sb a host id range not used by another sandbox.
+// d.mu must be held.
+func (d *Driver) allocIDBaseLocked(sb *sandbox) error {
+	if sb.rec.IDBase != 0 {
+		return nil
+	}
+	used := map[uint32]bool{}
+	for _, o := range d.sandboxes {
+		used[o.rec.IDBase] = true
+	}
+	for n := range uint32(idRangeSlots) {
+		if base := idRangeStart + n*idRangeSize; !used[base] {
+			sb.rec.IDBase = base
+			return nil
+		}
+	}
+	return fmt.Errorf("sandbox %q: all %d host id ranges are in use", sb.rec.ID, idRangeSlots)
+}
+
+// userNSAttr adds a user namespace mapping ids 0..65535 to base onward.
+func userNSAttr(attr *syscall.SysProcAttr, base uint32) {
+	attr.Cloneflags |= syscall.CLONE_NEWUSER
+	attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(base), Size: idRangeSize}}
+	attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(base), Size: idRangeSize}}
+	attr.GidMappingsEnableSetgroups = true
+	// The gateway's own uid is outside the range: become the namespace's
+	// root (host id base) before exec.
+	attr.Credential = &syscall.Credential{Uid: 0, Gid: 0}
+}
+
+// chownTree makes dir and everything in it owned by uid:gid, unless dir
+// already is (a workspace from before user namespaces is converted once).
+func chownTree(dir string, uid, gid int) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return err
+	}
+	if int(st.Uid) == uid && int(st.Gid) == gid {
+		return nil
+	}
+	return filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, uid, gid)
+	})
+}
+
+// openTree returns a detached copy of the mount of directory p for
+// handing to the supervisor, which cannot walk the gateway's state
+// directory from inside its user namespace and cannot bind a path of the
+// gateway's mount namespace either; it attaches the copy with move_mount.
+func openTree(p string) (*os.File, error) {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, p, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return nil, &os.PathError{Op: "open_tree", Path: p, Err: err}
+	}
+	return os.NewFile(uintptr(fd), p), nil
+}
+
+// openPath opens directory p with O_PATH.
+func openPath(p string) (*os.File, error) {
+	fd, err := unix.Open(p, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: p, Err: err}
+	}
+	return os.NewFile(uintptr(fd), p), nil
+}
+
+// gatewayProxy forwards connections from a sandbox's own Unix socket,
+// owned by the sandbox's root, to the gateway's callback socket, which
+// belongs to the gateway's user. It is owned by its sandbox; Close joins
+// its goroutines.
+type gatewayProxy struct {
+	ln     *net.UnixListener
+	path   string
+	target string
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// unixEndpointPath returns the socket path of a unix:// endpoint, or "".
+func unixEndpointPath(endpoint string) string {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Scheme != "unix" {
+		return ""
+	}
+	return u.Path
+}
+
+// proxySocketName is the socket's name in <sandbox>/gateway/.
+const proxySocketName = "gateway.sock"
+
+// listenProxy listens on dir/gateway.sock (dir and socket owned by
+// uid:gid, modes 0700 and 0600) and forwards to target.
+func listenProxy(dir, target string, uid, gid int) (*gatewayProxy, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Lchown(dir, uid, gid); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, proxySocketName)
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	// Bound through the directory's fd: sun_path holds 108 bytes only.
+	d, err := openPath(dir)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: "/proc/self/fd/" + strconv.Itoa(int(d.Fd())) + "/" + proxySocketName, Net: "unix"})
+	d.Close()
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	ln.SetUnlinkOnClose(false)
+	err = os.Lchown(path, uid, gid)
+	if err == nil {
+		err = os.Chmod(path, 0o600)
+	}
+	if err != nil {
+		_ = ln.Close()
+		_ = os.Remove(path)
+		return nil, err
+	}
+	p := &gatewayProxy{ln: ln, path: path, target: target, conns: map[net.Conn]struct{}{}}
+	p.wg.Go(p.serve)
+	return p, nil
+}
+
+func (p *gatewayProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if !p.track(c) {
+			c.Close()
+			return
+		}
+		p.wg.Go(func() { p.pipe(c) })
+	}
+}
+
+// track registers c for Close; false when the proxy is closed.
+func (p *gatewayProxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *gatewayProxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+	c.Close()
+}
+
+// pipe copies both ways between the sandbox's connection and a new one to
+// the gateway, half-closing each side at EOF.
+func (p *gatewayProxy) pipe(c net.Conn) {
+	defer p.untrack(c)
+	up, err := net.Dial("unix", p.target)
+	if err != nil {
+		return
+	}
+	if !p.track(up) {
+		up.Close()
+		return
+	}
+	defer p.untrack(up)
+	var wg sync.WaitGroup
+	half := func(dst, src net.Conn) {
+		_, _ = io.Copy(dst, src)
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
+	}
+	wg.Go(func() { half(up, c) })
+	half(c, up)
+	wg.Wait()
+}
+
+// Close stops listening, ends every forwarded connection, removes the
+// socket and waits for the proxy's goroutines.
+func (p *gatewayProxy) Close() {
+	p.mu.Lock()
+	p.closed = true
+	for c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	_ = p.ln.Close()
+	p.wg.Wait()
+	_ = os.Remove(p.path)
+}
+
+// prepareUserNS hands a user-namespace supervisor what it cannot reach by
+// path from its host ids (the gateway's state directory is private to the
+// gateway's user): its binary, workspace and token as inherited fds named
+// /proc/self/fd/N, and a gateway socket of its own. It makes the
+// workspace the sandbox root's. The returned files are closed by the
+// caller once the process started.
+func (d *Driver) prepareUserNS(sb *sandbox, cmd *exec.Cmd, base uint32) ([]*os.File, error) {
+	id := sb.rec.ID
+	var files []*os.File
+	pass := func(f *os.File) string {
+		files = append(files, f)
+		cmd.ExtraFiles = append(cmd.ExtraFiles, f)
+		return "/proc/self/fd/" + strconv.Itoa(2+len(cmd.ExtraFiles))
+	}
+	if err := chownTree(d.workspaceDir(id), int(base), int(base)); err != nil {
+		return files, fmt.Errorf("sandbox %q: workspace owner: %w", id, err)
+	}
+	bin, err := os.Open(d.cfg.supervisorPath)
+	if err != nil {
+		return files, errdefs.FailedPrecondition(fmt.Sprintf("open supervisor %s: %v", d.cfg.supervisorPath, err))
+	}
+	// Executed through the fd: the binary's directory need not be
+	// searchable by the sandbox's host ids.
+	cmd.Path = pass(bin)
+	ws, err := openTree(d.workspaceDir(id))
+	if err != nil {
+		return files, fmt.Errorf("sandbox %q: %w", id, err)
+	}
+	setEnv(cmd, "OPENSHELL_WORKSPACE_DIR", pass(ws))
+	cmd.Dir = "/"
+	if tok, err := os.Open(d.tokenPath(id)); err == nil {
+		// Read from the fd: the file stays the gateway's, mode 0600.
+		setEnv(cmd, "OPENSHELL_SANDBOX_TOKEN_FILE", pass(tok))
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return files, fmt.Errorf("sandbox %q: token file: %w", id, err)
+	}
+	target := unixEndpointPath(d.cfg.endpoint)
+	if target == "" {
+		return files, nil
+	}
+	d.mu.Lock()
+	p := sb.proxy
+	d.mu.Unlock()
+	if p == nil {
+		if p, err = listenProxy(d.proxyDir(id), target, int(base), int(base)); err != nil {
+			return files, fmt.Errorf("sandbox %q: gateway socket: %w", id, err)
+		}
+		d.mu.Lock()
+		sb.proxy = p
+		d.mu.Unlock()
+	}
+	dir, err := openTree(d.proxyDir(id))
+	if err != nil {
+		return files, fmt.Errorf("sandbox %q: %w", id, err)
+	}
+	setEnv(cmd, "OPENSHELL_ENDPOINT", "unix://"+pass(dir)+"/"+proxySocketName)
+	return files, nil
+}
+
+// setEnv replaces k's entry in cmd.Env.
+func setEnv(cmd *exec.Cmd, k, v string) {
+	for i, kv := range cmd.Env {
+		if strings.HasPrefix(kv, k+"=") {
+			cmd.Env[i] = k + "=" + v
+			return
+		}
+	}
+	cmd.Env = append(cmd.Env, k+"="+v)
+}
+
+// closeProxyLocked stops sb's gateway proxy. d.mu must be held; the
+// proxy's own goroutines do not take it.
+func closeProxyLocked(sb *sandbox) {
+	if sb.proxy != nil {
+		sb.proxy.Close()
+		sb.proxy = nil
+	}
+}
+
+// resumeProxyLocked restarts the gateway proxy of a re-attached
+// user-namespace supervisor. d.mu must be held.
+func (d *Driver) resumeProxyLocked(sb *sandbox) {
+	target := unixEndpointPath(d.cfg.endpoint)
+	if sb.rec.IDBase == 0 || target == "" || sb.proxy != nil {
+		return
+	}
+	p, err := listenProxy(d.proxyDir(sb.rec.ID), target, int(sb.rec.IDBase), int(sb.rec.IDBase))
+	if err != nil {
+		d.logger.Error("gateway socket for re-attached supervisor", "sandbox_id", sb.rec.ID, "error", err)
+		return
+	}
+	sb.proxy = p
+}
