@@ -7,8 +7,9 @@
 // namespaces (clone flags), in its own process group. The network
 // namespace has nothing but its loopback interface: no egress at all (the
 // egress proxy path does not exist yet), and the supervisor reaches the
-// gateway through the gateway's unix callback socket, which is why the
-// driver refuses any other callback endpoint. The new mount namespace
+// gateway through the gateway's unix callback socket (in a user namespace
+// with its own range: through its own forwarded socket, below), which is
+// why the driver refuses any other callback endpoint. The new mount namespace
 // inherits the host's propagation, so the supervisor must make /
 // recursively private before it mounts anything (see the contract
 // below).
@@ -170,8 +171,8 @@
 // /root, /home and the host's devices are not in the sandbox's filesystem;
 // system directories and images cannot be written; the host's /tmp and
 // process list are hidden; in a user namespace with its own range the
-// sandbox's root is an unprivileged host id. What it does not: /sys is
-// absent but the network is the host's; the sandbox's processes run as
+// sandbox's root is an unprivileged host id. What it does not: the
+// sandbox's processes run as
 // root of their namespaces with full capabilities there unless the
 // supervisor drops them (see internal/supervisor), so one that means to can
 // remount the read-only directories writable again; and in a sandbox with

@@ -193,11 +193,30 @@ func (d *Driver) recover() error {
 				continue
 			}
 		}
+		// A start interrupted between recording the state and the process
+		// running (in a user namespace the child dies when the gateway dies
+		// before writing its id maps): do it again.
+		if err := d.restartLost(sb); err == nil {
+			d.logger.Info("restarted a supervisor whose start was interrupted", "sandbox_id", sb.rec.ID, "pid", sb.rec.PID)
+			continue
+		} else {
+			d.logger.Warn("restart a supervisor whose start was interrupted", "sandbox_id", sb.rec.ID, "error", err)
+		}
 		sb.rec.ExitMessage = "supervisor process was not running when the gateway started"
 		sb.rec.Transition = time.Now().UTC()
 		d.save(sb)
 	}
 	return nil
+}
+
+// restartLost starts a new incarnation of sb during recover.
+func (d *Driver) restartLost(sb *sandbox) error {
+	rootfs, l, cgRoot, err := d.validate(compute.Sandbox{ID: sb.rec.ID, Name: sb.rec.Name, Spec: sb.rec.Spec})
+	if err != nil {
+		return err
+	}
+	sb.rec.InstanceID = uuid.NewString()
+	return d.spawn(sb, rootfs, l, cgRoot)
 }
 
 // load reads the state of the sandbox directory named id. It removes the
