@@ -48,7 +48,7 @@ func TestEgressProxy(t *testing.T) {
 	var portN uint32
 	fmt.Sscan(port, &portN)
 
-	g := Start(t, Options{Env: []string{"OPENSHELL_EGRESS_TEST_HOSTS=allowed.test=127.0.0.1,other.egress.test=127.0.0.1"}})
+	g := Start(t, Options{Env: []string{"OPENSHELL_EGRESS_TEST_HOSTS=allowed.test=127.0.0.1,other.egress.test=127.0.0.1,internal.egress.test=127.0.0.1"}})
 	c := g.Client()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
@@ -64,8 +64,13 @@ func TestEgressProxy(t *testing.T) {
 		Process:  &sandboxv1.ProcessPolicy{RunAsUser: "sandbox", RunAsGroup: "sandbox"},
 		NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{
 			"upstream": {
-				Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "allowed.test", Port: portN, AllowedIps: []string{"127.0.0.1"}}},
-				Binaries:  []*sandboxv1.NetworkBinary{{Path: curl}},
+				Endpoints: []*sandboxv1.NetworkEndpoint{
+					{Host: "allowed.test", Port: portN, AllowedIps: []string{"127.0.0.1"}},
+					// Allowed by name, but it resolves to loopback and
+					// allowed_ips does not say so: the SSRF guard refuses it.
+					{Host: "internal.egress.test", Port: portN},
+				},
+				Binaries: []*sandboxv1.NetworkBinary{{Path: curl}},
 			},
 		},
 	}
@@ -94,7 +99,7 @@ func TestEgressProxy(t *testing.T) {
 		t.Errorf("proxy environment of an agent process:\n%s", out)
 	}
 	target := "http://allowed.test:" + port + "/"
-	if out, _ := sh(curl + " -s -w ' %{http_code}' " + target); out != "upstream saw allowed.test:"+port+" 200" {
+	if out, _ := sh(curl + " -s -w ' %{http_code}' '" + target + "?token=query-secret'"); out != "upstream saw allowed.test:"+port+" 200" {
 		t.Errorf("curl through the proxy (forward HTTP) = %q, want the upstream's 200", out)
 	}
 	if out, _ := sh(curl + " -s -p -o /dev/null -w '%{http_code}' " + target); out != "200" {
@@ -111,12 +116,31 @@ func TestEgressProxy(t *testing.T) {
 	if out, code := sh(curl + " -s --noproxy '*' --max-time 5 -o /dev/null -w '%{http_code}' http://127.0.0.1:" + port + "/"); code == 0 || out != "000" {
 		t.Errorf("direct connection to the upstream's port = exit %d %q, want a failure (loopback only)", code, out)
 	}
+	if out, code := sh(curl + " -s --noproxy '*' --max-time 5 -o /dev/null -w '%{http_code}' http://192.0.2.1/"); code == 0 || out != "000" {
+		t.Errorf("direct connection to an outside address = exit %d %q, want a failure (no route)", code, out)
+	}
+	if out, code := sh(curl + " -s -o /dev/null -w '%{http_code}' http://internal.egress.test:" + port + "/"); out != "403" {
+		t.Errorf("allowed name resolving to loopback without allowed_ips = exit %d %q, want 403 (SSRF guard)", code, out)
+	}
+	if out, code := sh(curl + " -s -o /dev/null -w '%{http_code}' http://169.254.169.254/latest/meta-data/"); out != "403" {
+		t.Errorf("metadata address = exit %d %q, want 403", code, out)
+	}
+	// UDP (DNS included) has no way out: no route, and the proxy speaks
+	// HTTP only.
+	helper := g.InstallHelper(t, id)
+	if out, code := sh(helper + " udp 192.0.2.1:53"); code == 0 || !strings.Contains(out, "network is unreachable") {
+		t.Errorf("direct UDP send to an outside address: exit %d %q, want network unreachable", code, out)
+	}
 
 	// The decisions are in the sandbox's log stream.
 	want := map[string]func(f map[string]string) bool{
 		"allow": func(f map[string]string) bool {
 			return f["decision"] == "allow" && f["host"] == "allowed.test" && f["ip"] == "127.0.0.1" && f["port"] == port &&
 				f["policy"] == "upstream" && f["binary"] == curl && f["pid"] != "" && f["pid"] != "0"
+		},
+		"deny internal address": func(f map[string]string) bool {
+			return f["decision"] == "deny" && f["host"] == "internal.egress.test" && f["policy"] == "upstream" &&
+				f["reason"] == "address 127.0.0.1 is internal (loopback, link-local, private or reserved) and not in the endpoint's allowed_ips"
 		},
 		"deny other host": func(f map[string]string) bool {
 			return f["decision"] == "deny" && f["host"] == "other.egress.test" && f["binary"] == curl &&
@@ -132,6 +156,9 @@ func TestEgressProxy(t *testing.T) {
 		for _, l := range resp.GetLogs() {
 			if l.GetTarget() != "openshell_sandbox::egress" {
 				continue
+			}
+			if strings.Contains(fmt.Sprint(l.GetMessage(), l.GetFields()), "query-secret") {
+				t.Fatalf("a decision event carries the query string: %v", l)
 			}
 			for k, match := range want {
 				if match(l.GetFields()) {

@@ -1,6 +1,7 @@
 // Command sbhelper runs inside test sandboxes: `sbhelper echo PORT` serves
 // a TCP echo on 127.0.0.1:PORT; `sbhelper spew N` writes N bytes of a
-// repeating pattern to stdout.
+// repeating pattern to stdout; `sbhelper udp HOST:PORT` sends one datagram
+// and prints "sent" or the error.
 package main
 
 import (
@@ -14,7 +15,7 @@ import (
 
 func main() {
 	if len(os.Args) < 3 {
-		fmt.Fprintln(os.Stderr, "usage: sbhelper echo PORT | spew N")
+		fmt.Fprintln(os.Stderr, "usage: sbhelper echo PORT | spew N | udp HOST:PORT")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -39,6 +40,16 @@ func main() {
 			w.WriteByte(pattern[i%len(pattern)])
 		}
 		w.Flush()
+	case "udp":
+		c, err := net.Dial("udp", os.Args[2])
+		if err == nil {
+			_, err = c.Write([]byte("x"))
+		}
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Println("sent")
 	default:
 		os.Exit(2)
 	}
