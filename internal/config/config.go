@@ -22,6 +22,10 @@ const (
 	defaultGatewayFileName = "gateway.toml"
 )
 
+// EnvCredentialsKEK carries the provider credentials' key-encryption key
+// (base64 or hex of 32 bytes). It has no flag and no file key.
+const EnvCredentialsKEK = "OPENSHELL_CREDENTIALS_KEK"
+
 // Config is the resolved, validated gateway configuration. It is read-only
 // after Load returns.
 type Config struct {
@@ -46,6 +50,13 @@ type Config struct {
 	DatabaseURL string
 	// StateDir holds gateway state (default $XDG_STATE_HOME/openshell/gateway).
 	StateDir string
+	// CredentialsKEKFile is the key-encryption key file of provider
+	// credentials (default <StateDir>/credentials.kek); empty when the key
+	// comes from CredentialsKEK.
+	CredentialsKEKFile string
+	// CredentialsKEK is the key-encryption key itself (base64 or hex of 32
+	// bytes), from the environment variable EnvCredentialsKEK only.
+	CredentialsKEK string
 
 	// Drivers is the compute driver list (empty = auto-detect).
 	Drivers []string

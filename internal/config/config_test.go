@@ -54,15 +54,16 @@ func TestDefaults(t *testing.T) {
 	}
 	state := filepath.Join(home, "state")
 	want := &Config{
-		BindAddress:   "127.0.0.1",
-		Port:          17670,
-		LogLevelName:  "info",
-		DatabaseURL:   "sqlite:" + filepath.Join(state, "openshell", "gateway", "openshell.db"),
-		StateDir:      filepath.Join(state, "openshell", "gateway"),
-		DriverConfigs: map[string]map[string]any{},
-		TLS:           TLS{LocalDir: filepath.Join(state, "openshell", "tls")},
-		SSHSessionTTL: 24 * time.Hour,
-		DatabaseWait:  60 * time.Second,
+		BindAddress:        "127.0.0.1",
+		Port:               17670,
+		LogLevelName:       "info",
+		DatabaseURL:        "sqlite:" + filepath.Join(state, "openshell", "gateway", "openshell.db"),
+		StateDir:           filepath.Join(state, "openshell", "gateway"),
+		DriverConfigs:      map[string]map[string]any{},
+		CredentialsKEKFile: filepath.Join(state, "openshell", "gateway", "credentials.kek"),
+		TLS:                TLS{LocalDir: filepath.Join(state, "openshell", "tls")},
+		SSHSessionTTL:      24 * time.Hour,
+		DatabaseWait:       60 * time.Second,
 	}
 	if diff := cmp.Diff(want, cfg); diff != "" {
 		t.Errorf("Load() defaults mismatch (-want +got):\n%s", diff)
@@ -602,5 +603,26 @@ func TestVersionSkipsValidation(t *testing.T) {
 	cfg, err := load(t, []string{"--version"}, nil)
 	if err != nil || !cfg.ShowVersion {
 		t.Fatalf("Load(--version) = %+v, %v; want ShowVersion without error", cfg, err)
+	}
+}
+
+// TestCredentialsKEK: the key-encryption key comes from the environment
+// variable or a file (default in the state directory), never both.
+func TestCredentialsKEK(t *testing.T) {
+	cfg, err := load(t, []string{"--disable-tls", "--state-dir", "/s"}, nil)
+	if err != nil || cfg.CredentialsKEKFile != "/s/credentials.kek" || cfg.CredentialsKEK != "" {
+		t.Fatalf("default = %+v, %v", cfg, err)
+	}
+	cfg, err = load(t, []string{"--disable-tls", "--credentials-kek-file", "/k/kek"}, nil)
+	if err != nil || cfg.CredentialsKEKFile != "/k/kek" {
+		t.Fatalf("--credentials-kek-file: %v, %v", cfg, err)
+	}
+	cfg, err = load(t, []string{"--disable-tls"}, map[string]string{EnvCredentialsKEK: "a2V5"})
+	if err != nil || cfg.CredentialsKEK != "a2V5" || cfg.CredentialsKEKFile != "" {
+		t.Fatalf("%s: file %q, %v", EnvCredentialsKEK, cfg.CredentialsKEKFile, err)
+	}
+	_, err = load(t, []string{"--disable-tls", "--credentials-kek-file", "/k/kek"}, map[string]string{EnvCredentialsKEK: "a2V5"})
+	if err == nil || !strings.Contains(err.Error(), "are exclusive") {
+		t.Fatalf("both = %v, want the exclusive error", err)
 	}
 }

@@ -326,6 +326,18 @@ func (s *settings) resolve(cfg *Config, file *fileRoot, lookupEnv LookupEnv) err
 	if cfg.StateDir == "" && needState() {
 		cfg.StateDir = filepath.Join(stateHome, "openshell", "gateway")
 	}
+	// The provider credentials' key-encryption key: the environment
+	// variable (never a flag: a key on the command line is visible to every
+	// local user) or a file, by default in the state directory.
+	cfg.CredentialsKEKFile = s.kekFile
+	if v, ok := lookupEnv(EnvCredentialsKEK); ok && v != "" {
+		cfg.CredentialsKEK = v
+		if s.kekFile != "" {
+			fail("%s and --credentials-kek-file are exclusive: set one", EnvCredentialsKEK)
+		}
+	} else if cfg.CredentialsKEKFile == "" && cfg.StateDir != "" {
+		cfg.CredentialsKEKFile = filepath.Join(cfg.StateDir, "credentials.kek")
+	}
 	cfg.DatabaseURL = s.dbURL
 	if cfg.DatabaseURL == "" && needState() {
 		cfg.DatabaseURL = "sqlite:" + filepath.Join(stateHome, "openshell", "gateway", "openshell.db")

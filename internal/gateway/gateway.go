@@ -196,9 +196,7 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	if issuer != nil {
 		minter = issuer
 	}
-	// Provider credentials are sealed under a key-encryption key kept
-	// next to the gateway's state (created 0600 on first start).
-	keyring, err := credentials.LoadOrCreateKEK(filepath.Join(cfg.StateDir, "credentials.kek"))
+	keyring, err := loadKEK(cfg)
 	if err != nil {
 		return err
 	}
@@ -542,4 +540,18 @@ func driverTable(path, name string) (map[string]any, error) {
 		table[k] = v
 	}
 	return table, nil
+}
+
+// loadKEK returns the key-encryption key of provider credentials: from
+// the environment variable when set, else from its file (created 0600 on
+// first start).
+func loadKEK(cfg *config.Config) (*credentials.Keyring, error) {
+	if cfg.CredentialsKEK != "" {
+		kek, err := credentials.ParseKEK(cfg.CredentialsKEK)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", config.EnvCredentialsKEK, err)
+		}
+		return credentials.NewKeyring(kek)
+	}
+	return credentials.LoadOrCreateKEK(cfg.CredentialsKEKFile)
 }
