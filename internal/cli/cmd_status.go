@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -20,68 +21,125 @@ func healthName(s openshellv1.ServiceStatus) string {
 	return n[:1] + strings.ToLower(n[1:])
 }
 
+// gatewayStatus is what 'openshell status' found out: Health says whether
+// the gateway answers, GetGatewayInfo whether it accepts our credentials.
+type gatewayStatus struct {
+	Gateway   string   `json:"gateway"`
+	Endpoint  string   `json:"endpoint"`
+	Status    string   `json:"status"` // connected
+	Health    string   `json:"health,omitempty"`
+	Version   string   `json:"version,omitempty"`
+	Auth      string   `json:"auth"` // authenticated, authenticated_not_admin, not_authenticated, unknown
+	AuthError string   `json:"auth_error,omitempty"`
+	Hint      string   `json:"hint,omitempty"`
+	Drivers   []string `json:"drivers,omitempty"`
+}
+
+// probeStatus combines Health and GetGatewayInfo. An unreachable gateway is
+// an error; a gateway that answers but rejects the credentials is
+// "connected, not authenticated" (OpenShell's Health needs no credentials,
+// so a gateway that rejects even Health is also reachable).
+func (a *app) probeStatus(ctx context.Context, c openshellv1.OpenShellClient) (gatewayStatus, error) {
+	st := gatewayStatus{Gateway: a.target.Name, Endpoint: a.target.Endpoint, Status: "connected"}
+	notAuthenticated := func(err error) gatewayStatus {
+		st.Auth = "not_authenticated"
+		st.AuthError = status.Convert(err).Message()
+		st.Hint = unauthenticatedHint(*a.target)
+		return st
+	}
+	h, err := c.Health(ctx, &openshellv1.HealthRequest{})
+	switch {
+	case status.Code(err) == codes.Unauthenticated:
+		return notAuthenticated(err), nil
+	case err != nil:
+		return gatewayStatus{}, a.rpcError(err, "")
+	}
+	st.Health, st.Version = healthName(h.GetStatus()), h.GetVersion()
+	info, err := c.GetGatewayInfo(ctx, &openshellv1.GetGatewayInfoRequest{})
+	switch status.Code(err) {
+	case codes.OK:
+		st.Auth = "authenticated"
+		if info.GetGatewayVersion() != "" {
+			st.Version = info.GetGatewayVersion()
+		}
+		for _, d := range info.GetComputeDrivers() {
+			name := d.GetName()
+			if v := d.GetCapabilities().GetDriverVersion(); v != "" {
+				name += " " + v
+			}
+			st.Drivers = append(st.Drivers, name)
+		}
+	case codes.PermissionDenied:
+		// Authenticated, but gateway details need the platform_admin role.
+		st.Auth = "authenticated_not_admin"
+	case codes.Unauthenticated:
+		return notAuthenticated(err), nil
+	case codes.Unimplemented:
+		st.Auth = "unknown"
+		st.AuthError = "the gateway does not serve GetGatewayInfo"
+	default:
+		return gatewayStatus{}, a.rpcError(err, "")
+	}
+	return st, nil
+}
+
 func (a *app) newStatusCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "status",
-		Short: "Check that the gateway answers and show its version and compute driver",
-		Args:  argsUsage(cobra.NoArgs),
+		Short: "Check that the gateway answers and accepts your credentials; show its version and compute driver",
+		Long: `Check the gateway with Health and GetGatewayInfo.
+
+Status is Connected when the gateway answers. Auth then says whether it
+accepts your credentials: authenticated; authenticated without the
+platform_admin role (gateway details hidden); or not authenticated, with a
+hint on how to authenticate (exit code 0: the gateway is reachable). An
+unreachable gateway is an error (exit code 1).`,
+		Args: argsUsage(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
 			c, err := a.gateway()
 			if err != nil {
 				return err
 			}
-			h, err := c.Health(ctx, &openshellv1.HealthRequest{})
+			st, err := a.probeStatus(cmd.Context(), c)
 			if err != nil {
-				return a.rpcError(err, "")
+				return err
 			}
-			view := map[string]any{"gateway": a.target.Name, "endpoint": a.target.Endpoint, "health": healthName(h.GetStatus()), "version": h.GetVersion()}
-			info, err := c.GetGatewayInfo(ctx, &openshellv1.GetGatewayInfoRequest{})
-			auth := "authenticated"
-			var drivers []string
-			switch {
-			case err == nil:
-				if info.GetGatewayVersion() != "" {
-					view["version"] = info.GetGatewayVersion()
-				}
-				for _, d := range info.GetComputeDrivers() {
-					name := d.GetName()
-					if v := d.GetCapabilities().GetDriverVersion(); v != "" {
-						name += " " + v
-					}
-					drivers = append(drivers, name)
-				}
-			case status.Code(err) == codes.PermissionDenied:
-				// The caller is authenticated but not a platform admin.
-				auth = "authenticated (gateway details need the platform_admin role)"
-			case status.Code(err) == codes.Unimplemented:
-				auth = "unknown (the gateway does not serve GetGatewayInfo)"
-			default:
-				return a.rpcError(err, "")
-			}
-			view["auth"] = auth
-			view["drivers"] = drivers
 			if a.structured() {
-				return a.printPlain(view)
+				return a.printPlain(st)
 			}
 			tw := newTable(a.stdout)
-			_, _ = fmt.Fprintf(tw, "Gateway:\t%s\n", orDash(a.target.Name))
-			_, _ = fmt.Fprintf(tw, "Endpoint:\t%s\n", a.target.Endpoint)
+			_, _ = fmt.Fprintf(tw, "Gateway:\t%s\n", orDash(st.Gateway))
+			_, _ = fmt.Fprintf(tw, "Endpoint:\t%s\n", st.Endpoint)
 			state := "Connected"
-			switch h.GetStatus() {
-			case openshellv1.ServiceStatus_SERVICE_STATUS_HEALTHY:
-			case openshellv1.ServiceStatus_SERVICE_STATUS_DEGRADED:
-				state = "Connected (" + healthName(h.GetStatus()) + ": the gateway is up but its database or compute driver is not answering; its /readyz says which)"
+			switch st.Health {
+			case "", healthName(openshellv1.ServiceStatus_SERVICE_STATUS_HEALTHY):
+			case healthName(openshellv1.ServiceStatus_SERVICE_STATUS_DEGRADED):
+				state = "Connected (" + st.Health + ": the gateway is up but its database or compute driver is not answering; its /readyz says which)"
 			default:
-				state = "Connected (" + healthName(h.GetStatus()) + ")"
+				state = "Connected (" + st.Health + ")"
 			}
 			_, _ = fmt.Fprintf(tw, "Status:\t%s\n", state)
-			_, _ = fmt.Fprintf(tw, "Version:\t%s\n", orDash(fmt.Sprint(view["version"])))
-			if len(drivers) > 0 {
-				_, _ = fmt.Fprintf(tw, "Driver:\t%s\n", strings.Join(drivers, ", "))
+			_, _ = fmt.Fprintf(tw, "Version:\t%s\n", orDash(st.Version))
+			if len(st.Drivers) > 0 {
+				_, _ = fmt.Fprintf(tw, "Driver:\t%s\n", strings.Join(st.Drivers, ", "))
 			}
-			_, _ = fmt.Fprintf(tw, "Auth:\t%s\n", auth)
-			return tw.Flush()
+			switch st.Auth {
+			case "authenticated":
+				_, _ = fmt.Fprintf(tw, "Auth:\tauthenticated\n")
+			case "authenticated_not_admin":
+				_, _ = fmt.Fprintf(tw, "Auth:\tauthenticated (gateway details need the platform_admin role)\n")
+			case "not_authenticated":
+				_, _ = fmt.Fprintf(tw, "Auth:\tnot authenticated: %s\n", st.AuthError)
+			default:
+				_, _ = fmt.Fprintf(tw, "Auth:\tunknown (%s)\n", st.AuthError)
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if st.Hint != "" {
+				_, _ = fmt.Fprintf(a.stdout, "hint: %s\n", st.Hint)
+			}
+			return nil
 		},
 	}
 }

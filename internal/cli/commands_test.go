@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -381,4 +382,87 @@ func TestConnectRefusesSandboxNotReady(t *testing.T) {
 			t.Error("connect created an SSH session for a sandbox that is not ready")
 		}
 	}
+}
+
+// TestStatusStates: 'openshell status' in the four states of the Health +
+// GetGatewayInfo probe.
+func TestStatusStates(t *testing.T) {
+	admin := func(context.Context, *openshellv1.GetGatewayInfoRequest) (*openshellv1.GetGatewayInfoResponse, error) {
+		return &openshellv1.GetGatewayInfoResponse{GatewayVersion: "v1.2.3", ComputeDrivers: []*openshellv1.ComputeDriverInfo{{Name: "process"}}}, nil
+	}
+	rejected := func(context.Context, *openshellv1.GetGatewayInfoRequest) (*openshellv1.GetGatewayInfoResponse, error) {
+		return nil, status.Error(codes.Unauthenticated, "missing authorization header")
+	}
+	notAdmin := func(context.Context, *openshellv1.GetGatewayInfoRequest) (*openshellv1.GetGatewayInfoResponse, error) {
+		return nil, status.Error(codes.PermissionDenied, "platform_admin role required")
+	}
+	for _, tc := range []struct {
+		name     string
+		info     func(context.Context, *openshellv1.GetGatewayInfoRequest) (*openshellv1.GetGatewayInfoResponse, error)
+		health   func(context.Context, *openshellv1.HealthRequest) (*openshellv1.HealthResponse, error)
+		want     string
+		wantJSON map[string]any
+	}{
+		{
+			name: "healthy and authenticated", info: admin,
+			want:     "Gateway:    -\nEndpoint:   %s\nStatus:     Connected\nVersion:    v1.2.3\nDriver:     process\nAuth:       authenticated\n",
+			wantJSON: map[string]any{"status": "connected", "health": "Healthy", "auth": "authenticated", "version": "v1.2.3", "drivers": []any{"process"}},
+		},
+		{
+			name: "connected, not authenticated", info: rejected,
+			want: "Gateway:    -\nEndpoint:   %s\nStatus:     Connected\nVersion:    v9.9.9-fake\nAuth:       not authenticated: missing authorization header\n" +
+				"hint: this gateway requires authentication: use its https:// endpoint with a client certificate ('openshell gateway add NAME --endpoint https://HOST:PORT --ca ca.crt --cert tls.crt --key tls.key'), or start it with allow_unauthenticated_users for local development\n",
+			wantJSON: map[string]any{"status": "connected", "health": "Healthy", "auth": "not_authenticated", "auth_error": "missing authorization header", "version": "v9.9.9-fake"},
+		},
+		{
+			name: "health rejected too", info: rejected,
+			health: func(context.Context, *openshellv1.HealthRequest) (*openshellv1.HealthResponse, error) {
+				return nil, status.Error(codes.Unauthenticated, "invalid token: expired")
+			},
+			want:     "Gateway:    -\nEndpoint:   %s\nStatus:     Connected\nVersion:    -\nAuth:       not authenticated: invalid token: expired\nhint: ",
+			wantJSON: map[string]any{"status": "connected", "auth": "not_authenticated", "auth_error": "invalid token: expired"},
+		},
+		{
+			name: "authenticated without admin", info: notAdmin,
+			want:     "Gateway:    -\nEndpoint:   %s\nStatus:     Connected\nVersion:    v9.9.9-fake\nAuth:       authenticated (gateway details need the platform_admin role)\n",
+			wantJSON: map[string]any{"status": "connected", "health": "Healthy", "auth": "authenticated_not_admin", "version": "v9.9.9-fake"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeGateway{getGatewayInfo: tc.info, health: tc.health}
+			ep := f.serve(t)
+			tt := newTester(t)
+			r := tt.run("--gateway-endpoint", ep, "status")
+			want := fmt.Sprintf(tc.want, ep)
+			if r.err != nil || !strings.HasPrefix(r.stdout, want) {
+				t.Errorf("status = %q (%v), want prefix %q", r.stdout, r.err, want)
+			}
+			r = tt.run("--gateway-endpoint", ep, "status", "-o", "json")
+			var got map[string]any
+			if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || r.err != nil {
+				t.Fatalf("status -o json = %q (%v, %v)", r.stdout, r.err, err)
+			}
+			for k, v := range tc.wantJSON {
+				if diff := cmp.Diff(v, got[k]); diff != "" {
+					t.Errorf("json %s (-want +got):\n%s", k, diff)
+				}
+			}
+			if tc.wantJSON["auth"] == "not_authenticated" && got["hint"] == nil {
+				t.Errorf("json lacks the hint: %v", got)
+			}
+		})
+	}
+	t.Run("unreachable", func(t *testing.T) {
+		dead, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadAddr := dead.Addr().String()
+		_ = dead.Close()
+		r := newTester(t).run("--gateway-endpoint", "http://"+deadAddr, "status")
+		want := `cannot reach gateway at http://` + deadAddr + `: connection refused (is openshell-gateway running?)`
+		if r.code() != 1 || r.err == nil || r.err.Error() != want || r.stdout != "" {
+			t.Errorf("status = %q, %v (code %d), want error %q", r.stdout, r.err, r.code(), want)
+		}
+	})
 }

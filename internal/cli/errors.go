@@ -72,13 +72,7 @@ func (a *app) rpcError(err error, what string) error {
 		}
 		out = fmt.Sprintf("cannot reach %s: %s (%s)", t.describe(), reason, hint)
 	case codes.Unauthenticated:
-		hint := "register the gateway with a client certificate: 'openshell gateway add NAME --endpoint https://HOST:PORT --ca ca.crt --cert tls.crt --key tls.key'"
-		if t.CertFile != "" {
-			hint = fmt.Sprintf("the client certificate %s was not accepted; check that it is signed by the gateway's CA and has not expired", t.CertFile)
-		} else if strings.HasPrefix(t.Endpoint, "http://") || strings.HasPrefix(t.Endpoint, "unix://") {
-			hint = "this gateway requires authentication: use its https:// endpoint with a client certificate ('openshell gateway add NAME --endpoint https://HOST:PORT --ca ca.crt --cert tls.crt --key tls.key'), or start it with allow_unauthenticated_users for local development"
-		}
-		out = fmt.Sprintf("%s rejected the request as unauthenticated: %s\nhint: %s", t.describe(), msg, hint)
+		out = fmt.Sprintf("%s rejected the request as unauthenticated: %s\nhint: %s", t.describe(), msg, unauthenticatedHint(t))
 	case codes.PermissionDenied:
 		out = fmt.Sprintf("permission denied: %s\nhint: 'openshell whoami' shows your identity and roles", msg)
 	case codes.NotFound:
@@ -114,6 +108,19 @@ func (a *app) rpcError(err error, what string) error {
 		out = fmt.Sprintf("gateway error (%s): %s", st.Code(), msg)
 	}
 	return &userError{msg: out, cause: err}
+}
+
+// unauthenticatedHint says how to authenticate to t, given the credentials
+// openshell sent.
+func unauthenticatedHint(t gatewayTarget) string {
+	switch {
+	case t.CertFile != "":
+		return fmt.Sprintf("the client certificate %s was not accepted; check that it is signed by the gateway's CA and has not expired", t.CertFile)
+	case strings.HasPrefix(t.Endpoint, "http://") || strings.HasPrefix(t.Endpoint, "unix://"):
+		return "this gateway requires authentication: use its https:// endpoint with a client certificate ('openshell gateway add NAME --endpoint https://HOST:PORT --ca ca.crt --cert tls.crt --key tls.key'), or start it with allow_unauthenticated_users for local development"
+	default:
+		return "register the gateway with a client certificate: 'openshell gateway add NAME --endpoint https://HOST:PORT --ca ca.crt --cert tls.crt --key tls.key'"
+	}
 }
 
 // dialReason shortens a gRPC transport error to its cause, e.g.
