@@ -32,6 +32,10 @@ type ProcIdentifier struct {
 	byFile map[fileKey]string // exe file identity -> sha256, to hash each file once
 }
 
+// maxHashCache bounds the cache of executable hashes: a sandbox writing
+// many binaries cannot grow the supervisor's memory through it.
+const maxHashCache = 4096
+
 type fileKey struct {
 	dev, ino   uint64
 	size       int64
@@ -218,6 +222,10 @@ func (p *ProcIdentifier) verify(pid int, path string) error {
 	defer p.mu.Unlock()
 	if p.byFile == nil {
 		p.byFile, p.byPath = map[fileKey]string{}, map[string]string{}
+	}
+	if len(p.byFile) >= maxHashCache {
+		// Only a cache of work done: the first-use hashes in byPath stay.
+		clear(p.byFile)
 	}
 	p.byFile[k] = sum
 	first, seen := p.byPath[path]

@@ -257,7 +257,17 @@ func splice(c net.Conn, br *bufio.Reader, up net.Conn) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = br.WriteTo(up)
+		// Flush what bufio already read, then copy from the connection
+		// itself: TCP to TCP is spliced in the kernel (bufio's WriteTo
+		// would hide the *net.TCPConn and copy through user space).
+		if n := br.Buffered(); n > 0 {
+			b, _ := br.Peek(n)
+			if _, err := up.Write(b); err != nil {
+				closeWrite(up)
+				return
+			}
+		}
+		_, _ = io.Copy(up, c)
 		closeWrite(up)
 	}()
 	_, _ = io.Copy(c, up)

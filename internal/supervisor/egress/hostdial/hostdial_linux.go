@@ -167,6 +167,9 @@ func (c *Client) Close() error { return c.c.Close() }
 
 // Dial asks the host side to connect to addr and returns the connection.
 func (c *Client) Dial(ctx context.Context, addr netip.AddrPort) (net.Conn, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("host dial %s: %w", addr, err)
+	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("host dial %s: %w", addr, err)
@@ -209,6 +212,11 @@ func (c *Client) Dial(ctx context.Context, addr netip.AddrPort) (net.Conn, error
 	defer f.Close()
 	conn, err := net.FileConn(f)
 	if err != nil {
+		return nil, fmt.Errorf("host dial %s: %w", addr, err)
+	}
+	if err := ctx.Err(); err != nil {
+		// The reply raced the cancellation: the caller gave up already.
+		conn.Close()
 		return nil, fmt.Errorf("host dial %s: %w", addr, err)
 	}
 	return conn, nil
