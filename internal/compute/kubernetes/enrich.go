@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/openshell-go/openshell/internal/compute"
 )
@@ -46,6 +47,16 @@ const (
 	LabelSandboxID      = "openshell.ai/sandbox-id"
 	AnnotationSandboxID = "openshell.io/sandbox-id"
 )
+
+// supervisorCapabilities are the only capabilities the agent container
+// keeps (every other one is dropped): what the supervisor, PID 1 and root
+// there, needs to start agent processes confined (internal/supervisor/
+// isolation). SETUID and SETGID switch to the agent's user, SETPCAP
+// empties the agent's bounding set, KILL signals agent processes of
+// another uid (stop, exec and SSH signals), CHOWN gives the workspace
+// directory to the agent's user. no_new_privs, seccomp and Landlock need
+// none. Agent processes get none of them. See docs/kubernetes.md.
+var supervisorCapabilities = []string{"CHOWN", "KILL", "SETGID", "SETPCAP", "SETUID"}
 
 // Environment of the supervisor (see internal/supervisor).
 const (
@@ -107,11 +118,13 @@ type enrichOptions struct {
 // the user's image, env, ports, volumes, mounts, labels and annotations;
 // appends the OpenShell env vars, volumes and init container; and replaces
 // the agent container's command with the side-loaded supervisor, which
-// launches the canonical command. When something the contract needs is
-// already taken (a container, init container or volume name, a mount path,
-// a securityContext forbidding root, a different sandbox-id annotation),
-// enrich returns nil and one message per conflict; the input is never
-// modified.
+// launches the canonical command. The agent container keeps only
+// supervisorCapabilities, without privilege escalation, and the pod runs
+// under the runtime's default seccomp profile. When something the contract
+// needs is already taken (a container, init container or volume name, a
+// mount path, a securityContext forbidding root or asking for more
+// privilege, a different sandbox-id annotation), enrich returns nil and one
+// message per conflict; the input is never modified.
 func enrich(podTemplate map[string]any, o enrichOptions) (map[string]any, []string) {
 	var conflicts []string
 	conflict := func(format string, a ...any) { conflicts = append(conflicts, fmt.Sprintf(format, a...)) }
@@ -169,8 +182,13 @@ func enrich(podTemplate map[string]any, o enrichOptions) (map[string]any, []stri
 			conflict("volume name %q is reserved by OpenShell", name(v))
 		}
 	}
-	if sc, ok := spec["securityContext"].(map[string]any); ok && sc["runAsNonRoot"] == true {
-		conflict("pod securityContext.runAsNonRoot forbids the supervisor running as root")
+	if sc, ok := spec["securityContext"].(map[string]any); ok {
+		if sc["runAsNonRoot"] == true {
+			conflict("pod securityContext.runAsNonRoot forbids the supervisor running as root")
+		}
+		if unconfinedSeccomp(sc) {
+			conflict("pod securityContext.seccompProfile Unconfined: sandbox pods run under the runtime's default profile or a Localhost one")
+		}
 	}
 
 	// The agent container.
@@ -208,6 +226,26 @@ func enrich(podTemplate map[string]any, o enrichOptions) (map[string]any, []stri
 			}
 			if u, ok := sc["runAsUser"]; ok && !isZero(u) {
 				conflict("agent container %q securityContext.runAsUser forbids the supervisor running as root", name(agent))
+			}
+			if sc["privileged"] == true {
+				conflict("agent container %q securityContext.privileged: the supervisor runs with %v only and agent processes with no capabilities", name(agent), supervisorCapabilities)
+			}
+			if sc["allowPrivilegeEscalation"] == true {
+				conflict("agent container %q securityContext.allowPrivilegeEscalation: true is refused: nothing in a sandbox may gain privileges by exec", name(agent))
+			}
+			if caps, ok := sc["capabilities"].(map[string]any); ok {
+				var extra []string
+				for _, c := range toStrings(caps["add"]) {
+					if !slices.Contains(supervisorCapabilities, strings.TrimPrefix(strings.ToUpper(c), "CAP_")) {
+						extra = append(extra, c)
+					}
+				}
+				if len(extra) > 0 {
+					conflict("agent container %q securityContext.capabilities.add %v would reach no agent process (they run with no capabilities) and the supervisor needs only %v", name(agent), extra, supervisorCapabilities)
+				}
+			}
+			if unconfinedSeccomp(sc) {
+				conflict("agent container %q securityContext.seccompProfile Unconfined: sandbox pods run under the runtime's default profile or a Localhost one", name(agent))
 			}
 		}
 		if o.Image == "" && agent["image"] == nil {
@@ -275,20 +313,15 @@ func enrich(podTemplate map[string]any, o enrichOptions) (map[string]any, []stri
 	}
 	agent["volumeMounts"] = mounts
 
+	// The supervisor runs as root with only supervisorCapabilities; with
+	// allowPrivilegeEscalation false it runs under no_new_privs, as
+	// every agent process does anyway.
 	sc := child(agent, "securityContext")
 	sc["runAsUser"] = int64(0)
+	sc["allowPrivilegeEscalation"] = false
 	caps := child(sc, "capabilities")
-	add := list(caps, "add")
-	want := []string{"SYS_ADMIN", "NET_ADMIN", "SYS_PTRACE", "SYSLOG"}
-	if o.UserNamespaces {
-		want = append(want, "SETUID", "SETGID", "DAC_READ_SEARCH")
-	}
-	for _, c := range want {
-		if !slices.Contains(add, any(c)) {
-			add = append(add, c)
-		}
-	}
-	caps["add"] = add
+	caps["drop"] = []any{"ALL"}
+	caps["add"] = toAny(supervisorCapabilities)
 
 	if r := o.Resources; r != (compute.Resources{}) {
 		res := child(agent, "resources")
@@ -310,11 +343,18 @@ func enrich(podTemplate map[string]any, o enrichOptions) (map[string]any, []stri
 
 	// Supervisor installer and volumes.
 	init := map[string]any{
-		"name":            supervisorInitContainer,
-		"image":           o.SupervisorImage,
-		"command":         []any{supervisorImageBinary, "copy-self", supervisorPath},
-		"securityContext": map[string]any{"runAsUser": int64(0)},
-		"volumeMounts":    []any{map[string]any{"name": supervisorVolume, "mountPath": supervisorDir}},
+		"name":    supervisorInitContainer,
+		"image":   o.SupervisorImage,
+		"command": []any{supervisorImageBinary, "copy-self", supervisorPath},
+		// Root (to read the binary whatever its mode in the supervisor
+		// image) without capabilities: it only writes into the emptyDir.
+		"securityContext": map[string]any{
+			"runAsUser":                int64(0),
+			"allowPrivilegeEscalation": false,
+			"readOnlyRootFilesystem":   true,
+			"capabilities":             map[string]any{"drop": []any{"ALL"}},
+		},
+		"volumeMounts": []any{map[string]any{"name": supervisorVolume, "mountPath": supervisorDir}},
 	}
 	if o.SupervisorPullPolicy != "" {
 		init["imagePullPolicy"] = o.SupervisorPullPolicy
@@ -359,6 +399,12 @@ func enrich(podTemplate map[string]any, o enrichOptions) (map[string]any, []stri
 	if o.UserNamespaces {
 		spec["hostUsers"] = false
 	}
+	// The runtime's default seccomp profile for the whole pod unless the
+	// template names a Localhost one (Unconfined is a conflict above).
+	psc := child(spec, "securityContext")
+	if _, ok := psc["seccompProfile"]; !ok {
+		psc["seccompProfile"] = map[string]any{"type": "RuntimeDefault"}
+	}
 	if _, ok := spec["automountServiceAccountToken"]; !ok {
 		spec["automountServiceAccountToken"] = false
 	}
@@ -391,6 +437,22 @@ func agentContainerIndex(containers []any, want string) (int, error) {
 		return i, nil
 	}
 	return -1, fmt.Errorf("cannot tell which container is the agent (containers: %v); name one", names)
+}
+
+// unconfinedSeccomp reports whether a securityContext asks for no
+// seccomp profile.
+func unconfinedSeccomp(sc map[string]any) bool {
+	p, _ := sc["seccompProfile"].(map[string]any)
+	t, _ := p["type"].(string)
+	return t == "Unconfined"
+}
+
+func toAny(l []string) []any {
+	out := make([]any, len(l))
+	for i, s := range l {
+		out[i] = s
+	}
+	return out
 }
 
 func upsertEnv(env []any, k, v string) []any {

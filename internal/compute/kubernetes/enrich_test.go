@@ -119,9 +119,23 @@ func TestEnrichMergePreservesUserFields(t *testing.T) {
 	if got := names(list(agent, "volumeMounts")); !slices.Equal(got, []string{"data", supervisorVolume, saTokenVolume}) {
 		t.Errorf("agent mounts = %v", got)
 	}
-	sc := child(agent, "securityContext")
-	if sc["runAsUser"] != int64(0) || !slices.Contains(list(child(sc, "capabilities"), "add"), any("SYS_ADMIN")) {
-		t.Errorf("securityContext = %v", sc)
+	wantSC := map[string]any{
+		"runAsUser": int64(0), "allowPrivilegeEscalation": false,
+		"capabilities": map[string]any{"drop": []any{"ALL"}, "add": []any{"CHOWN", "KILL", "SETGID", "SETPCAP", "SETUID"}},
+	}
+	if diff := cmp.Diff(wantSC, agent["securityContext"]); diff != "" {
+		t.Errorf("agent securityContext (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(map[string]any{"seccompProfile": map[string]any{"type": "RuntimeDefault"}}, spec["securityContext"]); diff != "" {
+		t.Errorf("pod securityContext (-want +got):\n%s", diff)
+	}
+	init := containerByName(t, got, "initContainers", supervisorInitContainer)
+	wantInit := map[string]any{
+		"runAsUser": int64(0), "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+		"capabilities": map[string]any{"drop": []any{"ALL"}},
+	}
+	if diff := cmp.Diff(wantInit, init["securityContext"]); diff != "" {
+		t.Errorf("init container securityContext (-want +got):\n%s", diff)
 	}
 	// Idempotence of the contract: enriching the result again conflicts
 	// (its names are taken), it never doubles them silently.
@@ -165,6 +179,11 @@ func TestEnrichConflicts(t *testing.T) {
 		{"mount path", `{"spec":{"containers":[{"name":"a","image":"x","volumeMounts":[{"name":"v","mountPath":"/var/run/secrets/openshell"}]}]}}`, nil, "already mounts /var/run/secrets/openshell"},
 		{"runAsNonRoot pod", `{"spec":{"securityContext":{"runAsNonRoot":true},"containers":[{"name":"a","image":"x"}]}}`, nil, "pod securityContext.runAsNonRoot"},
 		{"runAsUser container", `{"spec":{"containers":[{"name":"a","image":"x","securityContext":{"runAsUser":1000}}]}}`, nil, "securityContext.runAsUser"},
+		{"privileged", `{"spec":{"containers":[{"name":"a","image":"x","securityContext":{"privileged":true}}]}}`, nil, "securityContext.privileged"},
+		{"privilege escalation", `{"spec":{"containers":[{"name":"a","image":"x","securityContext":{"allowPrivilegeEscalation":true}}]}}`, nil, "allowPrivilegeEscalation: true"},
+		{"extra capability", `{"spec":{"containers":[{"name":"a","image":"x","securityContext":{"capabilities":{"add":["SETUID","CAP_SYS_ADMIN","NET_RAW"]}}}]}}`, nil, "capabilities.add [CAP_SYS_ADMIN NET_RAW]"},
+		{"unconfined pod", `{"spec":{"securityContext":{"seccompProfile":{"type":"Unconfined"}},"containers":[{"name":"a","image":"x"}]}}`, nil, "pod securityContext.seccompProfile Unconfined"},
+		{"unconfined container", `{"spec":{"containers":[{"name":"a","image":"x","securityContext":{"seccompProfile":{"type":"Unconfined"}}}]}}`, nil, `"a" securityContext.seccompProfile Unconfined`},
 		{"ambiguous container", `{"spec":{"containers":[{"name":"a","image":"x"},{"name":"b","image":"y"}]}}`, nil, "cannot tell which container"},
 		{"named container missing", `{"spec":{"containers":[{"name":"a","image":"x"}]}}`, func(o *enrichOptions) { o.AgentContainer = "agent" }, `agent container "agent" not found`},
 		{"other sandbox annotation", `{"metadata":{"annotations":{"openshell.io/sandbox-id":"other"}},"spec":{"containers":[{"name":"a","image":"x"}]}}`, nil, "already set"},
@@ -186,5 +205,31 @@ func TestEnrichConflicts(t *testing.T) {
 	// A TLS volume name is only reserved when TLS is configured.
 	if _, c := enrich(mustJSON(t, `{"spec":{"volumes":[{"name":"openshell-client-tls"}],"containers":[{"name":"a","image":"x"}]}}`), baseOptions()); len(c) > 0 {
 		t.Errorf("conflicts without TLS = %v, want none", c)
+	}
+}
+
+// TestEnrichSecurityContextMerge: a template's own stricter settings stay
+// (a Localhost seccomp profile, capabilities the supervisor keeps anyway,
+// other pod securityContext fields); the capability drop is always ALL.
+func TestEnrichSecurityContextMerge(t *testing.T) {
+	in := mustJSON(t, `{"spec":{
+	  "securityContext":{"fsGroup":2000,"seccompProfile":{"type":"Localhost","localhostProfile":"profiles/agent.json"}},
+	  "containers":[{"name":"a","image":"x","securityContext":{"readOnlyRootFilesystem":true,
+	    "capabilities":{"add":["cap_kill"],"drop":["NET_RAW"]}}}]}}`)
+	got, conflicts := enrich(in, baseOptions())
+	if len(conflicts) > 0 {
+		t.Fatalf("conflicts = %v", conflicts)
+	}
+	spec := child(got, "spec")
+	wantPod := map[string]any{"fsGroup": float64(2000), "seccompProfile": map[string]any{"type": "Localhost", "localhostProfile": "profiles/agent.json"}}
+	if diff := cmp.Diff(wantPod, spec["securityContext"]); diff != "" {
+		t.Errorf("pod securityContext (-want +got):\n%s", diff)
+	}
+	wantSC := map[string]any{
+		"runAsUser": int64(0), "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+		"capabilities": map[string]any{"drop": []any{"ALL"}, "add": []any{"CHOWN", "KILL", "SETGID", "SETPCAP", "SETUID"}},
+	}
+	if diff := cmp.Diff(wantSC, containerByName(t, got, "containers", "a")["securityContext"]); diff != "" {
+		t.Errorf("agent securityContext (-want +got):\n%s", diff)
 	}
 }

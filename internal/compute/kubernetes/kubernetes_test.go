@@ -596,3 +596,51 @@ func TestV1alpha1(t *testing.T) {
 		t.Errorf("adopted v1alpha1 Sandbox replicas = %d, want 1", r)
 	}
 }
+
+// TestPodSecurityContext reads back the pod the real controller creates
+// from the driver's Sandbox (with and without user namespaces): the agent
+// container, where the supervisor runs as PID 1, is root with every
+// capability dropped but the five the supervisor uses to confine agent
+// processes, without privilege escalation; the installer has no
+// capabilities and a read-only root; the pod runs under the runtime's
+// default seccomp profile. The apiserver's own validation accepts it (the
+// pod exists).
+func TestPodSecurityContext(t *testing.T) {
+	e := newEnv(t)
+	for _, userns := range []bool{false, true} {
+		d := e.driver(t, map[string]any{"enable_user_namespaces": userns})
+		sb := goodSandbox(computetest.NewID(), computetest.NewName())
+		if err := d.Create(t.Context(), sb); err != nil {
+			t.Fatalf("Create(user namespaces %v) error = %v", userns, err)
+		}
+		pod := e.c.WaitForPod(t, e.ns, sb.Name)
+		s := pod.Spec
+		if s.SecurityContext == nil || s.SecurityContext.SeccompProfile == nil || s.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+			t.Errorf("userns %v: pod securityContext = %+v, want seccompProfile RuntimeDefault", userns, s.SecurityContext)
+		}
+		if got := s.HostUsers != nil && !*s.HostUsers; got != userns {
+			t.Errorf("userns %v: hostUsers = %v", userns, s.HostUsers)
+		}
+		if s.AutomountServiceAccountToken == nil || *s.AutomountServiceAccountToken {
+			t.Errorf("userns %v: automountServiceAccountToken = %v, want false", userns, s.AutomountServiceAccountToken)
+		}
+		sc := s.Containers[0].SecurityContext
+		if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+			sc.Privileged != nil && *sc.Privileged || sc.Capabilities == nil {
+			t.Fatalf("userns %v: agent securityContext = %+v, want runAsUser 0, allowPrivilegeEscalation false, capabilities", userns, sc)
+		}
+		if !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
+			!slices.Equal(sc.Capabilities.Add, []corev1.Capability{"CHOWN", "KILL", "SETGID", "SETPCAP", "SETUID"}) {
+			t.Errorf("userns %v: agent capabilities = %+v, want drop ALL, add CHOWN KILL SETGID SETPCAP SETUID", userns, sc.Capabilities)
+		}
+		isc := s.InitContainers[0].SecurityContext
+		if isc == nil || isc.AllowPrivilegeEscalation == nil || *isc.AllowPrivilegeEscalation || isc.ReadOnlyRootFilesystem == nil || !*isc.ReadOnlyRootFilesystem ||
+			isc.Capabilities == nil || !slices.Equal(isc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(isc.Capabilities.Add) != 0 {
+			t.Errorf("userns %v: installer securityContext = %+v, want no capabilities, no escalation, read-only root", userns, isc)
+		}
+		if ok, err := d.Delete(t.Context(), compute.Ref{ID: sb.ID}); err != nil || !ok {
+			t.Fatalf("Delete = %v, %v", ok, err)
+		}
+		e.c.DeletePodAndWait(t, e.ns, sb.Name)
+	}
+}
