@@ -69,7 +69,10 @@ type Proxy struct {
 	guard   ssrfGuard
 	Denials *Denials
 
-	wg sync.WaitGroup
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{} // client and upstream connections in flight
+	closed bool
 }
 
 // New returns a proxy deciding with snap until SetSnapshot.
@@ -89,10 +92,12 @@ func New(cfg Config, snap *Snapshot) *Proxy {
 // on; connections already decided keep their decision.
 func (p *Proxy) SetSnapshot(snap *Snapshot) { p.snap.Store(snap) }
 
-// Serve accepts connections on ln until it is closed, then waits for the
-// connections in flight to end.
+// Serve accepts connections on ln until it is closed, then closes the
+// connections in flight (an idle tunnel would otherwise hold the
+// supervisor's shutdown) and waits for their handlers.
 func (p *Proxy) Serve(ln net.Listener) error {
 	defer p.wg.Wait()
+	defer p.closeAll()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -101,7 +106,43 @@ func (p *Proxy) Serve(ln net.Listener) error {
 			}
 			return err
 		}
-		p.wg.Go(func() { p.handle(c) })
+		if !p.track(c) {
+			c.Close()
+			continue
+		}
+		p.wg.Go(func() {
+			defer p.untrack(c)
+			p.handle(c)
+		})
+	}
+}
+
+// track registers c; false once the proxy is shutting down.
+func (p *Proxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	if p.conns == nil {
+		p.conns = map[net.Conn]struct{}{}
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *Proxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+}
+
+func (p *Proxy) closeAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for c := range p.conns {
+		c.Close()
 	}
 }
 
@@ -149,6 +190,10 @@ func (p *Proxy) handle(c net.Conn) {
 		return
 	}
 	defer upstream.Close()
+	if !p.track(upstream) {
+		return
+	}
+	defer p.untrack(upstream)
 	if req.Method == http.MethodConnect {
 		if _, err := io.WriteString(c, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
 			return

@@ -230,6 +230,57 @@ func TestProxySSRFGuard(t *testing.T) {
 	}
 }
 
+// TestProxyShutdownClosesTunnels: closing the listener ends Serve even
+// while a tunnel is open and idle on both sides.
+func TestProxyShutdownClosesTunnels(t *testing.T) {
+	up, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Close()
+	go func() {
+		for {
+			c, err := up.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // idle: never writes, never closes until the test ends
+		}
+	}()
+	port := uint32(up.Addr().(*net.TCPAddr).Port)
+	s, _ := Compile(curlRules(port, "127.0.0.1"))
+	p := New(Config{Resolver: loopbackResolver("allowed.test"), Identify: fixedCaller("/usr/bin/curl"), Dial: loopbackDial}, s)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ln) }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "CONNECT allowed.test:%d HTTP/1.1\r\nHost: x\r\n\r\n", port)
+	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("CONNECT: %s", resp.Status)
+	}
+	ln.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return with an idle tunnel open")
+	}
+}
+
 func TestSSRFGuardTable(t *testing.T) {
 	g := ssrfGuard{own: []netip.Prefix{netip.MustParsePrefix("203.0.113.7/32")}}
 	allowed := []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16"), netip.MustParsePrefix("127.0.0.1/32")}
