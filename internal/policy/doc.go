@@ -1,12 +1,15 @@
 // Package policy holds the gateway's knowledge of sandbox policies: the
 // safety rules a policy must pass before it is stored (OpenShell's rules
 // and error texts), the rules for changing the policy of a live sandbox,
-// and the encoding of policy revisions in the store.
+// the encoding of policy revisions in the store, and the revision
+// workflows over the store: History (a sandbox's own revisions) and Global
+// (the gateway-wide policy that overrides them while it is set).
 //
 // Validation is pure: Validate and ValidateUpdate read their arguments and
 // nothing else, and report every violation they find in one
-// errdefs.InvalidArgument error. The revision helpers build and decode
-// store records; they do not talk to the store themselves.
+// errdefs.InvalidArgument error. The record helpers (NewRecord,
+// DecodeRecord, …) build and decode store records without touching the
+// store; History and Global read and write it.
 //
 // Enforcement is not decided here. The supervisor decides which sections it
 // enforces and reports LOADED or FAILED per revision (see

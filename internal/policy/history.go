@@ -70,12 +70,22 @@ func (h History) Get(ctx context.Context, sandboxID string, v uint32) (*openshel
 
 // List returns sandboxID's revisions, newest first.
 func (h History) List(ctx context.Context, sandboxID string, limit, offset int) ([]*openshellv1.SandboxPolicyRevision, error) {
-	recs, err := h.Store.ListScoped(ctx, RecordType, sandboxID, limit, offset)
+	return listRevisions(ctx, h.Store, RecordType, sandboxID, limit, offset)
+}
+
+// find returns the record of version v (0 = newest).
+func (h History) find(ctx context.Context, sandboxID string, v uint32) (store.Record, error) {
+	return findRevision(ctx, h.Store, RecordType, sandboxID, v, errNoRevision)
+}
+
+// listRevisions returns the revisions of typ in scope, newest first.
+func listRevisions(ctx context.Context, recs store.Records, typ, scope string, limit, offset int) ([]*openshellv1.SandboxPolicyRevision, error) {
+	rs, err := recs.ListScoped(ctx, typ, scope, limit, offset)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]*openshellv1.SandboxPolicyRevision, 0, len(recs))
-	for _, rec := range recs {
+	out := make([]*openshellv1.SandboxPolicyRevision, 0, len(rs))
+	for _, rec := range rs {
 		rev, err := DecodeRecord(rec)
 		if err != nil {
 			return nil, err
@@ -85,30 +95,31 @@ func (h History) List(ctx context.Context, sandboxID string, limit, offset int) 
 	return out, nil
 }
 
-// find returns the record of version v (0 = newest).
-func (h History) find(ctx context.Context, sandboxID string, v uint32) (store.Record, error) {
+// findRevision returns the record of version v (0 = newest) of typ in
+// scope, notFound when there is none.
+func findRevision(ctx context.Context, recs store.Records, typ, scope string, v uint32, notFound error) (store.Record, error) {
 	if v == 0 {
-		rec, err := h.Store.GetLatestScoped(ctx, RecordType, sandboxID, "")
+		rec, err := recs.GetLatestScoped(ctx, typ, scope, "")
 		if errors.Is(err, errdefs.ErrNotFound) {
-			return store.Record{}, errNoRevision
+			return store.Record{}, notFound
 		}
 		return rec, err
 	}
 	for offset := 0; ; offset += store.MaxLimit {
-		recs, err := h.Store.ListScoped(ctx, RecordType, sandboxID, store.MaxLimit, offset)
+		rs, err := recs.ListScoped(ctx, typ, scope, store.MaxLimit, offset)
 		if err != nil {
 			return store.Record{}, err
 		}
-		for _, rec := range recs { // newest first
+		for _, rec := range rs { // newest first
 			if rec.Version == int64(v) {
 				return rec, nil
 			}
 			if rec.Version < int64(v) {
-				return store.Record{}, errNoRevision
+				return store.Record{}, notFound
 			}
 		}
-		if len(recs) < store.MaxLimit {
-			return store.Record{}, errNoRevision
+		if len(rs) < store.MaxLimit {
+			return store.Record{}, notFound
 		}
 	}
 }
