@@ -38,7 +38,9 @@ func TestSandboxPrincipals(t *testing.T) {
 	apitest.Matrix(t, calls, []apitest.Case{
 		{Name: "own sandbox", P: apitest.Sandbox(id), Want: []codes.Code{ok, ok, ok}},
 		{Name: "other sandbox", P: apitest.Sandbox(f.SandboxA), Want: []codes.Code{denied, denied, denied}},
-		{Name: "workspace user", P: apitest.OIDCUser("ua"), Want: []codes.Code{ok, denied, ok}},
+		{Name: "workspace admin", P: apitest.OIDCUser("aa"), Want: []codes.Code{ok, denied, ok}},
+		// UpdateConfig needs the workspace admin role, as OpenShell.
+		{Name: "workspace user", P: apitest.OIDCUser("ua"), Want: []codes.Code{ok, denied, nf}},
 		{Name: "non-member", P: apitest.OIDCUser("stranger"), Want: []codes.Code{nf, denied, nf}},
 	})
 }

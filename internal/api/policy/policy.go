@@ -1,28 +1,28 @@
 // Package policy implements the sandbox configuration RPCs of
 // openshell.v1.OpenShell: GetSandboxConfig (the policy and settings the
-// supervisor is to enforce), UpdateConfig (a new policy revision, checked
-// with OpenShell's safety and live-update rules), ReportPolicyStatus
+// supervisor is to enforce: the global policy when one is set, else the
+// sandbox's own; the effective settings; config_revision), GetGatewayConfig
+// (the global settings), UpdateConfig (one change: a sandbox or global
+// policy revision, a setting at sandbox or global scope, or the removal of
+// the global policy; merge operations are refused), ReportPolicyStatus
 // (whether the supervisor enforces a revision), GetSandboxPolicyStatus and
-// ListSandboxPolicies (the revisions and their statuses). The rules and
-// the revision workflow live in internal/policy (History); this package
-// adds authorization and the wire shapes.
+// ListSandboxPolicies (the revisions of a sandbox or of the global policy).
+// The rules and revisions live in internal/policy, the settings registry
+// and store in internal/settings; this package adds authorization (global
+// writes and reads need a platform admin) and the wire shapes. See
+// docs/policy.md.
 package policy
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
-	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/api/authz"
-	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/lifecycle"
 	policyrules "github.com/openshell-go/openshell/internal/policy"
+	"github.com/openshell-go/openshell/internal/settings"
 	"github.com/openshell-go/openshell/internal/store"
 )
 
@@ -36,8 +36,10 @@ type Options struct {
 
 // Service implements the policy RPCs. It is safe for concurrent use.
 type Service struct {
-	o       Options
-	history policyrules.History
+	o        Options
+	history  policyrules.History
+	global   policyrules.Global
+	settings *settings.Store
 }
 
 // New returns a Service.
@@ -45,61 +47,12 @@ func New(o Options) *Service {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Service{o: o, history: policyrules.History{Store: o.Store, Now: o.Now}}
-}
-
-// GetSandboxConfig returns the sandbox's effective policy and settings.
-func (s *Service) GetSandboxConfig(ctx context.Context, req *sandboxv1.GetSandboxConfigRequest) (*sandboxv1.GetSandboxConfigResponse, error) {
-	sb, err := s.o.Authz.SandboxForCaller(ctx, req.GetSandboxId())
-	if err != nil {
-		return nil, err
+	return &Service{
+		o:        o,
+		history:  policyrules.History{Store: o.Store, Now: o.Now},
+		global:   policyrules.Global{Store: o.Store, Now: o.Now},
+		settings: &settings.Store{Records: o.Store},
 	}
-	resp := &sandboxv1.GetSandboxConfigResponse{Workspace: sb.GetMetadata().GetWorkspace(), PolicyValidationFailureMode: "fail_closed"}
-	rev, err := s.history.Latest(ctx, sb)
-	switch {
-	case err == nil:
-		resp.Policy, resp.Version, resp.PolicyHash = rev.GetPolicy(), rev.GetVersion(), rev.GetPolicyHash()
-		resp.PolicySource = sandboxv1.PolicySource_POLICY_SOURCE_SANDBOX
-	case errors.Is(err, errdefs.ErrNotFound):
-		// No policy: the supervisor seeds one with UpdateConfig.
-	default:
-		return nil, err
-	}
-	return resp, nil
-}
-
-// UpdateConfig stores a new policy revision for a sandbox. Settings keys
-// are not supported yet.
-func (s *Service) UpdateConfig(ctx context.Context, req *openshellv1.UpdateConfigRequest) (*openshellv1.UpdateConfigResponse, error) {
-	if req.GetGlobal() || req.GetSettingKey() != "" || len(req.GetMergeOperations()) > 0 {
-		return nil, errdefs.Unimplemented("only sandbox policy replacement is supported by this gateway")
-	}
-	if req.GetPolicy() == nil {
-		return nil, errdefs.InvalidArgument("policy is required")
-	}
-	if size := proto.Size(req.GetPolicy()); size > 256<<10 {
-		return nil, errdefs.InvalidArgument(fmt.Sprintf("policy serialized size exceeds maximum (%d > %d)", size, 256<<10))
-	}
-	var sb *openshellv1.Sandbox
-	var err error
-	if p, ok := auth.FromContext(ctx); ok && p.IsSandbox() {
-		sb, err = s.o.Engine.GetByID(ctx, p.SandboxID)
-		if err == nil && req.GetName() != "" && req.GetName() != sb.GetMetadata().GetName() && req.GetName() != sb.GetMetadata().GetId() {
-			return nil, authz.ErrCrossSandbox
-		}
-	} else {
-		if err = s.o.Authz.Sandbox(ctx, req.GetWorkspace(), req.GetName(), openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER); err == nil {
-			sb, err = s.o.Engine.Get(ctx, req.GetWorkspace(), req.GetName())
-		}
-	}
-	if err != nil {
-		return nil, err
-	}
-	rev, err := s.history.Update(ctx, sb, req.GetPolicy())
-	if err != nil {
-		return nil, err
-	}
-	return &openshellv1.UpdateConfigResponse{Version: rev.GetVersion(), PolicyHash: rev.GetPolicyHash()}, nil
 }
 
 // ReportPolicyStatus records whether the supervisor (of its own sandbox
@@ -122,10 +75,7 @@ func (s *Service) ReportPolicyStatus(ctx context.Context, req *openshellv1.Repor
 
 // sandboxByName loads the sandbox a policy-status request names, with
 // the caller's workspace membership checked (a refusal reads NotFound).
-func (s *Service) sandboxByName(ctx context.Context, global bool, workspace, name string) (*openshellv1.Sandbox, error) {
-	if global {
-		return nil, errdefs.Unimplemented("global policies are not supported by this gateway")
-	}
+func (s *Service) sandboxByName(ctx context.Context, workspace, name string) (*openshellv1.Sandbox, error) {
 	if name == "" {
 		return nil, errdefs.InvalidArgument("name is required")
 	}
@@ -138,7 +88,17 @@ func (s *Service) sandboxByName(ctx context.Context, global bool, workspace, nam
 // GetSandboxPolicyStatus returns one revision of a sandbox's policy (the
 // newest when version is 0) with the version its supervisor last loaded.
 func (s *Service) GetSandboxPolicyStatus(ctx context.Context, req *openshellv1.GetSandboxPolicyStatusRequest) (*openshellv1.GetSandboxPolicyStatusResponse, error) {
-	sb, err := s.sandboxByName(ctx, req.GetGlobal(), req.GetWorkspace(), req.GetName())
+	if req.GetGlobal() {
+		if err := s.o.Authz.RequirePlatformAdmin(ctx); err != nil {
+			return nil, err
+		}
+		rev, err := s.global.Get(ctx, req.GetVersion())
+		if err != nil {
+			return nil, err
+		}
+		return &openshellv1.GetSandboxPolicyStatusResponse{Revision: rev}, nil
+	}
+	sb, err := s.sandboxByName(ctx, req.GetWorkspace(), req.GetName())
 	if err != nil {
 		return nil, err
 	}
@@ -158,15 +118,23 @@ const (
 // ListSandboxPolicies returns a sandbox's policy revisions, newest first,
 // without their policy bodies.
 func (s *Service) ListSandboxPolicies(ctx context.Context, req *openshellv1.ListSandboxPoliciesRequest) (*openshellv1.ListSandboxPoliciesResponse, error) {
-	sb, err := s.sandboxByName(ctx, req.GetGlobal(), req.GetWorkspace(), req.GetName())
-	if err != nil {
-		return nil, err
-	}
 	limit := int(min(req.GetLimit(), maxPolicyPage))
 	if limit == 0 {
 		limit = defaultPolicyPage
 	}
-	revs, err := s.history.List(ctx, sb.GetMetadata().GetId(), limit, int(req.GetOffset()))
+	var revs []*openshellv1.SandboxPolicyRevision
+	var err error
+	if req.GetGlobal() {
+		if err := s.o.Authz.RequirePlatformAdmin(ctx); err != nil {
+			return nil, err
+		}
+		revs, err = s.global.List(ctx, limit, int(req.GetOffset()))
+	} else {
+		var sb *openshellv1.Sandbox
+		if sb, err = s.sandboxByName(ctx, req.GetWorkspace(), req.GetName()); err == nil {
+			revs, err = s.history.List(ctx, sb.GetMetadata().GetId(), limit, int(req.GetOffset()))
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

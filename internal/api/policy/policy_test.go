@@ -108,7 +108,7 @@ func TestReportPolicyStatusRefusals(t *testing.T) {
 // every static change and store nothing.
 func TestUpdateConfigLiveRules(t *testing.T) {
 	svc, _, _ := setup(t)
-	ctx := apitest.As(t.Context(), apitest.OIDCUser("ua"))
+	ctx := apitest.As(t.Context(), apitest.OIDCUser("aa"))
 	changed := livePolicy()
 	changed.Filesystem.IncludeWorkdir = false
 	changed.Filesystem.ReadOnly = nil
@@ -159,7 +159,7 @@ func TestSupervisorSyncBecomesBaseline(t *testing.T) {
 	}
 	changed := livePolicy()
 	changed.Filesystem.ReadWrite = []string{"/tmp", "/home"}
-	_, err = svc.UpdateConfig(apitest.As(t.Context(), apitest.OIDCUser("ua")), &openshellv1.UpdateConfigRequest{Name: "sb", Workspace: "team-a", Policy: changed})
+	_, err = svc.UpdateConfig(apitest.As(t.Context(), apitest.OIDCUser("aa")), &openshellv1.UpdateConfigRequest{Name: "sb", Workspace: "team-a", Policy: changed})
 	apitest.WantErr(t, "UpdateConfig(after sync)", err, codes.InvalidArgument, "filesystem read_write path '/home' cannot be added on a live sandbox")
 }
 
@@ -189,7 +189,7 @@ func TestPolicyStatusMembership(t *testing.T) {
 		msg  string
 	}{
 		{"platform admin", apitest.OIDCRoot, codes.OK, ""},
-		{"member", apitest.OIDCUser("ua"), codes.OK, ""},
+		{"admin member", apitest.OIDCUser("aa"), codes.OK, ""},
 		{"non-member", apitest.OIDCUser("stranger"), codes.NotFound, `sandbox "pol" not found in workspace "team-a"`},
 		{"no subject", apitest.NoSubject, codes.NotFound, `sandbox "pol" not found in workspace "team-a"`},
 	} {
@@ -205,8 +205,8 @@ func TestPolicyStatusMembership(t *testing.T) {
 	ctx := apitest.As(t.Context(), apitest.OIDCRoot)
 	_, err := svc.GetSandboxPolicyStatus(ctx, &openshellv1.GetSandboxPolicyStatusRequest{Workspace: "team-a"})
 	apitest.WantErr(t, "GetSandboxPolicyStatus(no name)", err, codes.InvalidArgument, "name is required")
-	_, err = svc.ListSandboxPolicies(ctx, &openshellv1.ListSandboxPoliciesRequest{Global: true})
-	apitest.WantErr(t, "ListSandboxPolicies(global)", err, codes.Unimplemented, "global policies are not supported")
+	_, err = svc.GetSandboxPolicyStatus(ctx, &openshellv1.GetSandboxPolicyStatusRequest{Global: true})
+	apitest.WantErr(t, "GetSandboxPolicyStatus(global, none set)", err, codes.NotFound, "no global policy revision found")
 	_, err = svc.GetSandboxPolicyStatus(ctx, &openshellv1.GetSandboxPolicyStatusRequest{Name: "pol", Workspace: "team-a", Version: 9})
 	apitest.WantErr(t, "GetSandboxPolicyStatus(version 9)", err, codes.NotFound, "no policy revision found for this sandbox")
 }

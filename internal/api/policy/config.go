@@ -1,0 +1,301 @@
+package policy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/api/authz"
+	"github.com/openshell-go/openshell/internal/auth"
+	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/settings"
+)
+
+// failureMode is the policy_validation_failure_mode this gateway serves.
+const failureMode = "fail_closed"
+
+// GetSandboxConfig returns the sandbox's effective policy and settings:
+// the global policy when one is set (policy_source GLOBAL, its version in
+// global_policy_version; version stays the sandbox's own, as OpenShell),
+// else the sandbox's newest revision; every registered setting with the
+// scope its value comes from; and config_revision, a fingerprint of all
+// of it that changes whenever any of it does.
+func (s *Service) GetSandboxConfig(ctx context.Context, req *sandboxv1.GetSandboxConfigRequest) (*sandboxv1.GetSandboxConfigResponse, error) {
+	sb, err := s.o.Authz.SandboxForCaller(ctx, req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	resp := &sandboxv1.GetSandboxConfigResponse{
+		Workspace: sb.GetMetadata().GetWorkspace(), PolicyValidationFailureMode: failureMode,
+		PolicySource: sandboxv1.PolicySource_POLICY_SOURCE_SANDBOX,
+	}
+	rev, err := s.history.Latest(ctx, sb)
+	switch {
+	case err == nil:
+		resp.Policy, resp.Version, resp.PolicyHash = rev.GetPolicy(), rev.GetVersion(), rev.GetPolicyHash()
+	case errors.Is(err, errdefs.ErrNotFound):
+		// No policy: the supervisor seeds one with UpdateConfig.
+	default:
+		return nil, err
+	}
+	g, err := s.global.Active(ctx)
+	switch {
+	case err == nil:
+		resp.Policy, resp.PolicyHash = g.GetPolicy(), g.GetPolicyHash()
+		resp.PolicySource, resp.GlobalPolicyVersion = sandboxv1.PolicySource_POLICY_SOURCE_GLOBAL, g.GetVersion()
+		if resp.Version == 0 {
+			resp.Version = 1
+		}
+	case !errors.Is(err, errdefs.ErrNotFound):
+		return nil, err
+	}
+	global, err := s.settings.Get(ctx, settings.GlobalScope)
+	if err != nil {
+		return nil, err
+	}
+	own, err := s.settings.Get(ctx, sb.GetMetadata().GetId())
+	if err != nil {
+		return nil, err
+	}
+	resp.Settings = settings.Effective(global.Values, own.Values)
+	resp.ConfigRevision = configRevision(resp)
+	return resp, nil
+}
+
+// configRevision fingerprints what a supervisor acts on: the policy
+// source and hash, the failure mode and every effective setting.
+func configRevision(r *sandboxv1.GetSandboxConfigResponse) uint64 {
+	h := sha256.New()
+	_ = binary.Write(h, binary.LittleEndian, int32(r.GetPolicySource()))
+	h.Write([]byte(r.GetPolicyValidationFailureMode()))
+	h.Write([]byte{0})
+	h.Write([]byte(r.GetPolicyHash()))
+	keys := make([]string, 0, len(r.GetSettings()))
+	for k := range r.GetSettings() {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		e := r.GetSettings()[k]
+		h.Write([]byte(k))
+		_ = binary.Write(h, binary.LittleEndian, int32(e.GetScope()))
+		b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(e.GetValue())
+		_ = binary.Write(h, binary.LittleEndian, uint32(len(b)))
+		h.Write(b)
+	}
+	return binary.LittleEndian.Uint64(h.Sum(nil)[:8])
+}
+
+// GetGatewayConfig returns the global settings: every registered key
+// (unset ones with an empty value) and the global settings revision.
+func (s *Service) GetGatewayConfig(ctx context.Context, _ *sandboxv1.GetGatewayConfigRequest) (*sandboxv1.GetGatewayConfigResponse, error) {
+	if p, ok := auth.FromContext(ctx); ok && p.IsSandbox() {
+		return nil, errdefs.PermissionDenied("sandbox principals may not call this method")
+	}
+	global, err := s.settings.Get(ctx, settings.GlobalScope)
+	if err != nil {
+		return nil, err
+	}
+	return &sandboxv1.GetGatewayConfigResponse{Settings: settings.Gateway(global.Values), SettingsRevision: global.Revision}, nil
+}
+
+// maxPolicySize bounds a policy in UpdateConfig, as OpenShell.
+const maxPolicySize = 256 << 10
+
+// UpdateConfig changes one thing per call, as OpenShell: a policy, a
+// setting (set or delete_setting) or merge operations, at sandbox scope
+// (name) or gateway-wide (global, platform admins only). Merge operations
+// are refused (InvalidArgument): this gateway does not implement them.
+func (s *Service) UpdateConfig(ctx context.Context, req *openshellv1.UpdateConfigRequest) (*openshellv1.UpdateConfigResponse, error) {
+	key := strings.TrimSpace(req.GetSettingKey())
+	n := 0
+	for _, set := range []bool{req.GetPolicy() != nil, key != "", len(req.GetMergeOperations()) > 0} {
+		if set {
+			n++
+		}
+	}
+	switch {
+	case n > 1:
+		return nil, errdefs.InvalidArgument("policy, setting_key, and merge_operations are mutually exclusive")
+	case n == 0:
+		return nil, errdefs.InvalidArgument("one of policy, setting_key, or merge_operations must be provided")
+	}
+	if req.GetPolicy() != nil {
+		if size := proto.Size(req.GetPolicy()); size > maxPolicySize {
+			return nil, errdefs.InvalidArgument(fmt.Sprintf("policy serialized size exceeds maximum (%d > %d)", size, maxPolicySize))
+		}
+	}
+	if p, ok := auth.FromContext(ctx); ok && p.IsSandbox() {
+		return s.syncSandboxPolicy(ctx, p.SandboxID, req)
+	}
+	if req.GetGlobal() {
+		if err := s.o.Authz.RequirePlatformAdmin(ctx); err != nil {
+			return nil, err
+		}
+		return s.updateGlobal(ctx, req, key)
+	}
+	if req.GetName() == "" {
+		return nil, errdefs.InvalidArgument("name is required for sandbox-scoped updates")
+	}
+	if err := s.o.Authz.Sandbox(ctx, req.GetWorkspace(), req.GetName(), openshellv1.WorkspaceRole_WORKSPACE_ROLE_ADMIN); err != nil {
+		return nil, err
+	}
+	sb, err := s.o.Engine.Get(ctx, req.GetWorkspace(), req.GetName())
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case key != "":
+		return s.updateSandboxSetting(ctx, sb, req, key)
+	case len(req.GetMergeOperations()) > 0:
+		return nil, errdefs.InvalidArgument("merge_operations are not supported by this gateway; send the whole policy")
+	}
+	return s.updateSandboxPolicy(ctx, sb, req.GetPolicy())
+}
+
+// syncSandboxPolicy is UpdateConfig by a supervisor: only its own
+// sandbox's policy (the first sync), with OpenShell's refusals.
+func (s *Service) syncSandboxPolicy(ctx context.Context, sandboxID string, req *openshellv1.UpdateConfigRequest) (*openshellv1.UpdateConfigResponse, error) {
+	switch {
+	case req.GetGlobal():
+		return nil, errdefs.PermissionDenied("sandbox callers cannot mutate global config")
+	case req.GetDeleteSetting():
+		return nil, errdefs.PermissionDenied("sandbox callers cannot delete settings")
+	case strings.TrimSpace(req.GetName()) == "", req.GetPolicy() == nil:
+		return nil, errdefs.PermissionDenied("sandbox callers may only perform sandbox policy sync")
+	}
+	sb, err := s.o.Engine.GetByID(ctx, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	if req.GetName() != sb.GetMetadata().GetName() && req.GetName() != sb.GetMetadata().GetId() {
+		return nil, authz.ErrCrossSandbox
+	}
+	return s.updateSandboxPolicy(ctx, sb, req.GetPolicy())
+}
+
+// updateSandboxPolicy stores a new revision of sb's own policy; refused
+// while a global policy is in force.
+func (s *Service) updateSandboxPolicy(ctx context.Context, sb *openshellv1.Sandbox, p *sandboxv1.SandboxPolicy) (*openshellv1.UpdateConfigResponse, error) {
+	if _, err := s.global.Active(ctx); err == nil {
+		return nil, errdefs.FailedPrecondition("policy is managed globally; delete global policy before sandbox policy update")
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, err
+	}
+	rev, err := s.history.Update(ctx, sb, p)
+	if err != nil {
+		return nil, err
+	}
+	return &openshellv1.UpdateConfigResponse{Version: rev.GetVersion(), PolicyHash: rev.GetPolicyHash()}, nil
+}
+
+// updateGlobal sets or removes the global policy or a global setting.
+// Global writes are serialized in this process (settings.Store.Lock) and
+// compare-and-swap protected in the store.
+func (s *Service) updateGlobal(ctx context.Context, req *openshellv1.UpdateConfigRequest, key string) (*openshellv1.UpdateConfigResponse, error) {
+	switch {
+	case len(req.GetAnnotations()) > 0:
+		return nil, errdefs.InvalidArgument("annotations are only supported for sandbox-scoped updates")
+	case len(req.GetMergeOperations()) > 0:
+		return nil, errdefs.InvalidArgument("merge_operations are not supported for global policy updates")
+	case req.GetPolicy() != nil && req.GetDeleteSetting():
+		return nil, errdefs.InvalidArgument("delete_setting cannot be combined with policy payload")
+	}
+	defer s.settings.Lock()()
+	if req.GetPolicy() != nil {
+		rev, err := s.global.Set(ctx, req.GetPolicy())
+		if err != nil {
+			return nil, err
+		}
+		cur, err := s.settings.Get(ctx, settings.GlobalScope)
+		if err != nil {
+			return nil, err
+		}
+		return &openshellv1.UpdateConfigResponse{Version: rev.GetVersion(), PolicyHash: rev.GetPolicyHash(), SettingsRevision: cur.Revision}, nil
+	}
+	if key == settings.PolicyKey {
+		if !req.GetDeleteSetting() {
+			return nil, errdefs.InvalidArgument("reserved key 'policy' must be set via the policy field")
+		}
+		removed, err := s.global.Remove(ctx)
+		if err != nil {
+			return nil, err
+		}
+		cur, err := s.settings.Get(ctx, settings.GlobalScope)
+		if err != nil {
+			return nil, err
+		}
+		return &openshellv1.UpdateConfigResponse{SettingsRevision: cur.Revision, Deleted: removed}, nil
+	}
+	k, err := settings.Resolve(key)
+	if err != nil {
+		return nil, err
+	}
+	if !req.GetDeleteSetting() {
+		if err := k.Check(settings.ScopeGlobal, req.GetSettingValue()); err != nil {
+			return nil, err
+		}
+	}
+	snap, changed, err := s.settings.Update(ctx, settings.GlobalScope, mutation(key, req))
+	if err != nil {
+		return nil, err
+	}
+	return &openshellv1.UpdateConfigResponse{SettingsRevision: snap.Revision, Deleted: req.GetDeleteSetting() && changed}, nil
+}
+
+// mutation returns the settings change req asks for on key.
+func mutation(key string, req *openshellv1.UpdateConfigRequest) func(map[string]*sandboxv1.SettingValue) (bool, error) {
+	return func(values map[string]*sandboxv1.SettingValue) (bool, error) {
+		old, ok := values[key]
+		if req.GetDeleteSetting() {
+			delete(values, key)
+			return ok, nil
+		}
+		if ok && proto.Equal(old, req.GetSettingValue()) {
+			return false, nil
+		}
+		values[key] = req.GetSettingValue()
+		return true, nil
+	}
+}
+
+// updateSandboxSetting sets or deletes a setting of sb; a key set
+// globally cannot be changed per sandbox (OpenShell's texts).
+func (s *Service) updateSandboxSetting(ctx context.Context, sb *openshellv1.Sandbox, req *openshellv1.UpdateConfigRequest, key string) (*openshellv1.UpdateConfigResponse, error) {
+	if key == settings.PolicyKey {
+		return nil, errdefs.InvalidArgument("reserved key 'policy' must be set via policy commands")
+	}
+	k, err := settings.Resolve(key)
+	if err != nil {
+		return nil, err
+	}
+	if !req.GetDeleteSetting() {
+		if err := k.Check(settings.ScopeSandbox, req.GetSettingValue()); err != nil {
+			return nil, err
+		}
+	}
+	defer s.settings.Lock()()
+	global, err := s.settings.Get(ctx, settings.GlobalScope)
+	if err != nil {
+		return nil, err
+	}
+	if _, managed := global.Values[key]; managed {
+		if req.GetDeleteSetting() {
+			return nil, errdefs.FailedPrecondition(fmt.Sprintf("setting '%s' is managed globally; delete the global setting first", key))
+		}
+		return nil, errdefs.FailedPrecondition(fmt.Sprintf("setting '%s' is managed globally; delete the global setting before sandbox update", key))
+	}
+	snap, changed, err := s.settings.Update(ctx, sb.GetMetadata().GetId(), mutation(key, req))
+	if err != nil {
+		return nil, err
+	}
+	return &openshellv1.UpdateConfigResponse{SettingsRevision: snap.Revision, Deleted: req.GetDeleteSetting() && changed}, nil
+}
