@@ -26,6 +26,10 @@ const (
 // (base64 or hex of 32 bytes). It has no flag and no file key.
 const EnvCredentialsKEK = "OPENSHELL_CREDENTIALS_KEK"
 
+// EnvCredentialsPreviousKEK carries previous key-encryption keys, comma
+// separated, during a rotation. It has no flag and no file key.
+const EnvCredentialsPreviousKEK = "OPENSHELL_CREDENTIALS_PREVIOUS_KEK"
+
 // Config is the resolved, validated gateway configuration. It is read-only
 // after Load returns.
 type Config struct {
@@ -57,6 +61,11 @@ type Config struct {
 	// CredentialsKEK is the key-encryption key itself (base64 or hex of 32
 	// bytes), from the environment variable EnvCredentialsKEK only.
 	CredentialsKEK string
+	// CredentialsPreviousKEKFiles and CredentialsPreviousKEKs (from
+	// EnvCredentialsPreviousKEK only, comma separated) are keys being
+	// rotated out: values wrapped under them are re-wrapped at start.
+	CredentialsPreviousKEKFiles []string
+	CredentialsPreviousKEKs     []string
 
 	// Drivers is the compute driver list (empty = auto-detect).
 	Drivers []string

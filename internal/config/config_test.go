@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -620,6 +621,10 @@ func TestCredentialsKEK(t *testing.T) {
 	cfg, err = load(t, []string{"--disable-tls"}, map[string]string{EnvCredentialsKEK: "a2V5"})
 	if err != nil || cfg.CredentialsKEK != "a2V5" || cfg.CredentialsKEKFile != "" {
 		t.Fatalf("%s: file %q, %v", EnvCredentialsKEK, cfg.CredentialsKEKFile, err)
+	}
+	cfg, err = load(t, []string{"--disable-tls", "--credentials-previous-kek-file", "/k/a,/k/b"}, map[string]string{EnvCredentialsPreviousKEK: "x, y"})
+	if err != nil || !slices.Equal(cfg.CredentialsPreviousKEKFiles, []string{"/k/a", "/k/b"}) || !slices.Equal(cfg.CredentialsPreviousKEKs, []string{"x", "y"}) {
+		t.Fatalf("previous keys: files %q, %d env keys, %v", cfg.CredentialsPreviousKEKFiles, len(cfg.CredentialsPreviousKEKs), err)
 	}
 	_, err = load(t, []string{"--disable-tls", "--credentials-kek-file", "/k/kek"}, map[string]string{EnvCredentialsKEK: "a2V5"})
 	if err == nil || !strings.Contains(err.Error(), "are exclusive") {

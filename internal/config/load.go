@@ -338,6 +338,10 @@ func (s *settings) resolve(cfg *Config, file *fileRoot, lookupEnv LookupEnv) err
 	} else if cfg.CredentialsKEKFile == "" && cfg.StateDir != "" {
 		cfg.CredentialsKEKFile = filepath.Join(cfg.StateDir, "credentials.kek")
 	}
+	cfg.CredentialsPreviousKEKFiles = s.prevKEKFiles
+	if v, ok := lookupEnv(EnvCredentialsPreviousKEK); ok && v != "" {
+		cfg.CredentialsPreviousKEKs = splitList(v)
+	}
 	cfg.DatabaseURL = s.dbURL
 	if cfg.DatabaseURL == "" && needState() {
 		cfg.DatabaseURL = "sqlite:" + filepath.Join(stateHome, "openshell", "gateway", "openshell.db")

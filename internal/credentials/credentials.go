@@ -31,10 +31,12 @@ const (
 // keyring does not hold.
 var ErrKEKMismatch = errors.New("credential was sealed under another key-encryption key")
 
-// Keyring holds the key-encryption key.
+// Keyring holds the current key-encryption key, which seals, and any
+// previous ones, which still open (see WithPrevious and Rewrap).
 type Keyring struct {
-	id  string
-	kek cipher.AEAD
+	id       string
+	kek      cipher.AEAD
+	previous map[string]cipher.AEAD
 }
 
 // NewKeyring returns a keyring for a 32-byte KEK.
@@ -50,8 +52,56 @@ func NewKeyring(kek []byte) (*Keyring, error) {
 	return &Keyring{id: "kek-" + hex.EncodeToString(sum[:8]), kek: aead}, nil
 }
 
-// ID names the KEK without revealing it (a truncated SHA-256).
+// ID names the current KEK without revealing it (a truncated SHA-256).
 func (k *Keyring) ID() string { return k.id }
+
+// WithPrevious returns a keyring that seals with k's KEK and also opens
+// values wrapped under the current KEK of any of prev.
+func (k *Keyring) WithPrevious(prev ...*Keyring) *Keyring {
+	out := &Keyring{id: k.id, kek: k.kek, previous: map[string]cipher.AEAD{}}
+	for id, a := range k.previous {
+		out.previous[id] = a
+	}
+	for _, p := range prev {
+		if p.id != k.id {
+			out.previous[p.id] = p.kek
+		}
+	}
+	return out
+}
+
+// unwrapper returns the AEAD of KEK id.
+func (k *Keyring) unwrapper(id string) (cipher.AEAD, error) {
+	if id == k.id {
+		return k.kek, nil
+	}
+	if a, ok := k.previous[id]; ok {
+		return a, nil
+	}
+	return nil, fmt.Errorf("%w (%s)", ErrKEKMismatch, id)
+}
+
+// Rewrap returns s with its data key wrapped under the current KEK; the
+// ciphertext is unchanged. It reports false when s already was.
+func (k *Keyring) Rewrap(s Sealed, aad string) (Sealed, bool, error) {
+	if s.KEKID == k.id {
+		return s, false, nil
+	}
+	old, err := k.unwrapper(s.KEKID)
+	if err != nil {
+		return s, false, err
+	}
+	dek, err := open(old, s.WrappedKey, aad)
+	if err != nil {
+		return s, false, fmt.Errorf("unwrap data key: %w", err)
+	}
+	wrapped, err := seal(k.kek, dek, aad)
+	clear(dek)
+	if err != nil {
+		return s, false, err
+	}
+	return Sealed{KEKID: k.id, WrappedKey: wrapped, Ciphertext: s.Ciphertext}, true, nil
+}
 
 // Sealed is one encrypted value: Ciphertext and WrappedKey are
 // nonce||ciphertext, base64 (standard encoding).
@@ -85,10 +135,11 @@ func (k *Keyring) Seal(plaintext []byte, aad string) (Sealed, error) {
 
 // Open decrypts s with the associated data it was sealed with.
 func (k *Keyring) Open(s Sealed, aad string) ([]byte, error) {
-	if s.KEKID != k.id {
-		return nil, fmt.Errorf("%w (%s)", ErrKEKMismatch, s.KEKID)
+	kek, err := k.unwrapper(s.KEKID)
+	if err != nil {
+		return nil, err
 	}
-	dek, err := open(k.kek, s.WrappedKey, aad)
+	dek, err := open(kek, s.WrappedKey, aad)
 	if err != nil {
 		return nil, fmt.Errorf("unwrap data key: %w", err)
 	}
@@ -146,14 +197,21 @@ func ParseKEK(text string) ([]byte, error) {
 	return nil, fmt.Errorf("key-encryption key must be %d bytes, base64 or hex encoded", KeySize)
 }
 
-// LoadOrCreateKEK reads the KEK file at path, creating it (mode 0600,
-// parent directory 0700) with a random key when it does not exist. An
-// existing file readable by group or others is refused.
+// LoadOrCreateKEK reads the KEK file at path (see LoadKEKFile), creating
+// it (mode 0600, parent directory 0700) with a random key when it does not
+// exist.
 func LoadOrCreateKEK(path string) (*Keyring, error) {
-	b, err := os.ReadFile(path)
+	k, err := LoadKEKFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return createKEK(path)
 	}
+	return k, err
+}
+
+// LoadKEKFile reads an existing KEK file. A file readable by group or
+// others is refused.
+func LoadKEKFile(path string) (*Keyring, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read key-encryption key: %w", err)
 	}

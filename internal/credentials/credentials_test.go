@@ -91,3 +91,35 @@ func TestPlaceholder(t *testing.T) {
 		}
 	}
 }
+
+// TestRewrap: after rotation a value sealed under the old KEK opens
+// through the new keyring, Rewrap moves it to the new KEK with the same
+// ciphertext, and the new KEK alone then opens it.
+func TestRewrap(t *testing.T) {
+	old, _ := credentials.NewKeyring(bytes.Repeat([]byte{1}, 32))
+	cur, _ := credentials.NewKeyring(bytes.Repeat([]byte{2}, 32))
+	s, err := old.Seal([]byte("v"), "p/K")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cur.Open(s, "p/K"); !errors.Is(err, credentials.ErrKEKMismatch) {
+		t.Fatalf("new KEK alone opened an old value: %v", err)
+	}
+	rot := cur.WithPrevious(old)
+	if v, err := rot.Open(s, "p/K"); err != nil || string(v) != "v" {
+		t.Fatalf("rotating keyring Open = %q, %v", v, err)
+	}
+	r, changed, err := rot.Rewrap(s, "p/K")
+	if err != nil || !changed || r.KEKID != cur.ID() || r.Ciphertext != s.Ciphertext {
+		t.Fatalf("Rewrap = %+v, %v, %v", r, changed, err)
+	}
+	if v, err := cur.Open(r, "p/K"); err != nil || string(v) != "v" {
+		t.Fatalf("new KEK Open after rewrap = %q, %v", v, err)
+	}
+	if _, changed, _ := rot.Rewrap(r, "p/K"); changed {
+		t.Error("Rewrap of a current value changed it")
+	}
+	if _, _, err := rot.Rewrap(s, "q/K"); err == nil {
+		t.Error("Rewrap with another record's associated data succeeded")
+	}
+}

@@ -10,6 +10,10 @@
 // credential key), so a sealed value copied onto another record does not
 // open.
 //
+// Rotation: a keyring built WithPrevious keys seals under the new KEK and
+// still opens values wrapped under the old ones; Rewrap moves a value's
+// data key to the new KEK without touching its ciphertext.
+//
 // The KEK comes from an environment variable (base64 of 32 bytes) or from a
 // 0600 file that LoadOrCreateKEK generates on first start. A Keyring is
 // safe for concurrent use.

@@ -201,6 +201,9 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 		return err
 	}
 	provs := providers.NewStore(providers.Options{Objects: st, Keyring: keyring})
+	if err := rewrapCredentials(ctx, cfg, logger, provs); err != nil {
+		return err
+	}
 	engine, err := lifecycle.New(ctx, lifecycle.Options{
 		Store: lifecycle.ObjectStore{S: st}, Driver: driver, DriverName: driverName, Issuer: minter, Logger: logger,
 		ProviderExists: provs.Exists,
@@ -544,14 +547,58 @@ func driverTable(path, name string) (map[string]any, error) {
 
 // loadKEK returns the key-encryption key of provider credentials: from
 // the environment variable when set, else from its file (created 0600 on
-// first start).
+// first start), with the previous keys of a rotation added.
 func loadKEK(cfg *config.Config) (*credentials.Keyring, error) {
+	var cur *credentials.Keyring
 	if cfg.CredentialsKEK != "" {
 		kek, err := credentials.ParseKEK(cfg.CredentialsKEK)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", config.EnvCredentialsKEK, err)
 		}
-		return credentials.NewKeyring(kek)
+		if cur, err = credentials.NewKeyring(kek); err != nil {
+			return nil, err
+		}
+	} else {
+		var err error
+		if cur, err = credentials.LoadOrCreateKEK(cfg.CredentialsKEKFile); err != nil {
+			return nil, err
+		}
 	}
-	return credentials.LoadOrCreateKEK(cfg.CredentialsKEKFile)
+	var prev []*credentials.Keyring
+	for _, f := range cfg.CredentialsPreviousKEKFiles {
+		k, err := credentials.LoadKEKFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("--credentials-previous-kek-file: %w", err)
+		}
+		prev = append(prev, k)
+	}
+	for i, v := range cfg.CredentialsPreviousKEKs {
+		kek, err := credentials.ParseKEK(v)
+		if err != nil {
+			return nil, fmt.Errorf("%s (entry %d): %w", config.EnvCredentialsPreviousKEK, i+1, err)
+		}
+		k, err := credentials.NewKeyring(kek)
+		if err != nil {
+			return nil, err
+		}
+		prev = append(prev, k)
+	}
+	if len(prev) == 0 {
+		return cur, nil
+	}
+	return cur.WithPrevious(prev...), nil
+}
+
+// rewrapCredentials moves credentials wrapped under previous KEKs to the
+// current one when a rotation is configured.
+func rewrapCredentials(ctx context.Context, cfg *config.Config, logger *slog.Logger, provs *providers.Store) error {
+	if len(cfg.CredentialsPreviousKEKFiles)+len(cfg.CredentialsPreviousKEKs) == 0 {
+		return nil
+	}
+	n, err := provs.RewrapAll(ctx)
+	if err != nil {
+		return fmt.Errorf("re-wrap provider credentials under the current key-encryption key: %w", err)
+	}
+	logger.Info("provider credentials re-wrapped under the current key-encryption key", "providers", n)
+	return nil
 }

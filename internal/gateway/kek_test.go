@@ -2,13 +2,17 @@ package gateway
 
 import (
 	"encoding/base64"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
 	"github.com/openshell-go/openshell/internal/config"
 	"github.com/openshell-go/openshell/internal/credentials"
+	"github.com/openshell-go/openshell/internal/providers"
+	storeopen "github.com/openshell-go/openshell/internal/store/open"
 )
 
 // TestLoadKEK: the key from the environment variable wins and is used as
@@ -35,5 +39,57 @@ func TestLoadKEK(t *testing.T) {
 	}
 	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("KEK file: %v, %v; want mode 0600", fi, err)
+	}
+}
+
+// TestKEKRotation: a gateway started with a new KEK and the old one as
+// previous re-wraps every stored credential; afterwards the new KEK alone
+// opens them. A previous KEK file that does not exist is an error, not
+// created.
+func TestKEKRotation(t *testing.T) {
+	dir := t.TempDir()
+	st, err := storeopen.Open(t.Context(), "sqlite:"+filepath.Join(dir, "gw.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	oldFile := filepath.Join(dir, "old.kek")
+	oldCfg := &config.Config{CredentialsKEKFile: oldFile}
+	oldKR, err := loadKEK(oldCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if _, err := providers.NewStore(providers.Options{Objects: st, Keyring: oldKR}).Create(ctx, "default", &datamodelv1.Provider{
+		Metadata: &datamodelv1.ObjectMeta{Name: "gh"}, Type: "github", Credentials: map[string]string{"GITHUB_TOKEN": "v"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	newCfg := &config.Config{CredentialsKEKFile: filepath.Join(dir, "new.kek"), CredentialsPreviousKEKFiles: []string{oldFile}}
+	kr, err := loadKEK(newCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rewrapCredentials(ctx, newCfg, slog.New(slog.DiscardHandler), providers.NewStore(providers.Options{Objects: st, Keyring: kr})); err != nil {
+		t.Fatal(err)
+	}
+	onlyNew, err := loadKEK(&config.Config{CredentialsKEKFile: newCfg.CredentialsKEKFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := providers.NewStore(providers.Options{Objects: st, Keyring: onlyNew})
+	p, err := ps.Get(ctx, "default", "gh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := ps.Resolve(p, "GITHUB_TOKEN"); err != nil || v != "v" {
+		t.Fatalf("Resolve with the new KEK only = %q, %v", v, err)
+	}
+	missing := filepath.Join(dir, "missing.kek")
+	if _, err := loadKEK(&config.Config{CredentialsKEKFile: newCfg.CredentialsKEKFile, CredentialsPreviousKEKFiles: []string{missing}}); err == nil {
+		t.Error("a missing previous KEK file was accepted")
+	}
+	if _, err := os.Stat(missing); err == nil {
+		t.Error("a missing previous KEK file was created")
 	}
 }

@@ -324,3 +324,76 @@ func (s *Store) Exists(ctx context.Context, workspace, name string) error {
 	_, err := s.Get(ctx, workspace, name)
 	return err
 }
+
+// RewrapAll moves every stored credential whose data key is wrapped under
+// a previous KEK to the keyring's current one (see
+// credentials.Keyring.WithPrevious); values and ciphertexts are unchanged,
+// so it runs while the gateway serves. Each provider is one CAS write,
+// retried on a concurrent change. It returns how many providers it
+// rewrote. A value under a KEK the keyring does not hold is an error
+// naming the provider and key.
+func (s *Store) RewrapAll(ctx context.Context) (int, error) {
+	if s.o.Keyring == nil {
+		return 0, errdefs.Unavailable("the gateway's credential store is not configured")
+	}
+	n := 0
+	for offset := 0; ; {
+		page, err := s.List(ctx, store.ListOptions{AllWorkspaces: true, Limit: store.MaxLimit, Offset: offset})
+		if err != nil {
+			return n, err
+		}
+		for _, p := range page {
+			changed, err := s.rewrapOne(ctx, p.GetMetadata().GetId())
+			if err != nil {
+				return n, fmt.Errorf("provider '%s' in workspace %q: %w", p.GetMetadata().GetName(), p.GetMetadata().GetWorkspace(), err)
+			}
+			if changed {
+				n++
+			}
+		}
+		if len(page) < store.MaxLimit {
+			return n, nil
+		}
+		offset += len(page)
+	}
+}
+
+func (s *Store) rewrapOne(ctx context.Context, id string) (bool, error) {
+	for attempt := 0; ; attempt++ {
+		changed := false
+		_, _, err := store.UpdateCASAs(ctx, s.o.Objects, store.TypeProvider, id, 0, newProvider, func(p *datamodelv1.Provider) error {
+			changed = false
+			for key, h := range p.GetCredentialHandles() {
+				if h.GetDriver() != credentials.Driver {
+					continue
+				}
+				sealed := credentials.Sealed{KEKID: h.GetMetadata()[credentials.MetaKEKID], WrappedKey: h.GetMetadata()[credentials.MetaWrappedKey], Ciphertext: h.GetHandle()}
+				r, ok, err := s.o.Keyring.Rewrap(sealed, aad(id, key))
+				if err != nil {
+					return fmt.Errorf("credential '%s': %w", key, err)
+				}
+				if ok {
+					h.Metadata[credentials.MetaKEKID], h.Metadata[credentials.MetaWrappedKey] = r.KEKID, r.WrappedKey
+					changed = true
+				}
+			}
+			if !changed {
+				return errUnchanged
+			}
+			return nil
+		})
+		var ce *store.ConflictError
+		switch {
+		case errors.Is(err, errUnchanged), errors.As(err, &ce) && ce.Gone, errors.Is(err, errdefs.ErrNotFound):
+			return false, nil
+		case errors.As(err, &ce) && attempt < 3:
+			continue
+		case err != nil:
+			return false, err
+		}
+		return changed, nil
+	}
+}
+
+// errUnchanged aborts a CAS write that would change nothing.
+var errUnchanged = errors.New("unchanged")

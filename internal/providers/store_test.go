@@ -264,3 +264,43 @@ func TestUpdateCAS(t *testing.T) {
 		t.Errorf("config after the refused update = %v", p.GetConfig())
 	}
 }
+
+// TestRewrapAll: after a KEK rotation every stored credential moves to
+// the new KEK, keeps its value, and the old KEK is no longer needed.
+func TestRewrapAll(t *testing.T) {
+	st, err := open.Open(t.Context(), "sqlite:"+filepath.Join(t.TempDir(), "gateway.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	ctx := t.Context()
+	old := keyring(t)
+	before := providers.NewStore(providers.Options{Objects: st, Keyring: old})
+	for _, ws := range []string{"default", "team"} {
+		if _, err := before.Create(ctx, ws, githubProvider("gh", "value-"+ws)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cur := keyring(t)
+	rotating := providers.NewStore(providers.Options{Objects: st, Keyring: cur.WithPrevious(old)})
+	n, err := rotating.RewrapAll(ctx)
+	if err != nil || n != 2 {
+		t.Fatalf("RewrapAll = %d, %v; want 2 providers", n, err)
+	}
+	if n, err := rotating.RewrapAll(ctx); err != nil || n != 0 {
+		t.Fatalf("second RewrapAll = %d, %v; want 0", n, err)
+	}
+	after := providers.NewStore(providers.Options{Objects: st, Keyring: cur})
+	for _, ws := range []string{"default", "team"} {
+		p, err := after.Get(ctx, ws, "gh")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, err := after.Resolve(p, "GITHUB_TOKEN"); err != nil || v != "value-"+ws {
+			t.Errorf("Resolve in %s with the new KEK only = %q, %v", ws, v, err)
+		}
+	}
+	if _, err := providers.NewStore(providers.Options{Objects: st, Keyring: keyring(t)}).RewrapAll(ctx); err == nil {
+		t.Error("RewrapAll with a keyring that cannot open the values succeeded")
+	}
+}
