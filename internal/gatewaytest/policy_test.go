@@ -144,3 +144,82 @@ func TestPolicyEndToEnd(t *testing.T) {
 		t.Errorf("plain status.current_policy_version = %d, want 1", v)
 	}
 }
+
+// TestGlobalPolicyEndToEnd: a real gateway and a running supervisor. A
+// global policy set over the wire shows up in GetSandboxConfig of the
+// running sandbox (source GLOBAL, its version) and is removed again; a
+// global setting is reported with scope GLOBAL and by GetGatewayConfig.
+func TestGlobalPolicyEndToEnd(t *testing.T) {
+	g := Start(t, Options{})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+
+	own := &sandboxv1.SandboxPolicy{
+		Version:    1,
+		Filesystem: &sandboxv1.FilesystemPolicy{IncludeWorkdir: true, ReadOnly: []string{"/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"}, ReadWrite: []string{"/tmp"}},
+		Landlock:   &sandboxv1.LandlockPolicy{Compatibility: "best_effort"},
+		Process:    &sandboxv1.ProcessPolicy{RunAsUser: "sandbox", RunAsGroup: "sandbox"},
+	}
+	if _, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "glob", Spec: &openshellv1.SandboxSpec{
+		Command: []string{"sleep", "infinity"}, Policy: own,
+	}}); err != nil {
+		t.Fatalf("CreateSandbox(glob): %v", err)
+	}
+	WaitPhase(ctx, t, c, "glob", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, time.Minute)
+	sb, err := c.GetSandbox(ctx, &openshellv1.GetSandboxRequest{Name: "glob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.GetSandbox().GetMetadata().GetId()
+	cfg := func() *sandboxv1.GetSandboxConfigResponse {
+		t.Helper()
+		r, err := c.GetSandboxConfig(ctx, &sandboxv1.GetSandboxConfigRequest{SandboxId: id})
+		if err != nil {
+			t.Fatalf("GetSandboxConfig: %v", err)
+		}
+		return r
+	}
+	before := cfg()
+	if before.GetPolicySource() != sandboxv1.PolicySource_POLICY_SOURCE_SANDBOX || !proto.Equal(before.GetPolicy(), own) {
+		t.Fatalf("before: %v, want the sandbox's own policy", before)
+	}
+
+	global := proto.Clone(own).(*sandboxv1.SandboxPolicy)
+	global.NetworkPolicies = map[string]*sandboxv1.NetworkPolicyRule{
+		"pypi": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "pypi.org", Port: 443}}},
+	}
+	up, err := c.UpdateConfig(ctx, &openshellv1.UpdateConfigRequest{Global: true, Policy: global})
+	if err != nil || up.GetVersion() != 1 {
+		t.Fatalf("UpdateConfig(global policy) = %v, %v; want version 1", up, err)
+	}
+	with := cfg()
+	if with.GetPolicySource() != sandboxv1.PolicySource_POLICY_SOURCE_GLOBAL || with.GetGlobalPolicyVersion() != 1 ||
+		!proto.Equal(with.GetPolicy(), global) || with.GetConfigRevision() == before.GetConfigRevision() {
+		t.Fatalf("with a global policy: source %v, global version %d, config revision %d (before %d); want GLOBAL, 1, changed",
+			with.GetPolicySource(), with.GetGlobalPolicyVersion(), with.GetConfigRevision(), before.GetConfigRevision())
+	}
+
+	if _, err := c.UpdateConfig(ctx, &openshellv1.UpdateConfigRequest{Global: true, SettingKey: "proposal_approval_mode",
+		SettingValue: &sandboxv1.SettingValue{Value: &sandboxv1.SettingValue_StringValue{StringValue: "manual"}}}); err != nil {
+		t.Fatalf("UpdateConfig(global setting): %v", err)
+	}
+	if e := cfg().GetSettings()["proposal_approval_mode"]; e.GetScope() != sandboxv1.SettingScope_SETTING_SCOPE_GLOBAL || e.GetValue().GetStringValue() != "manual" {
+		t.Errorf("effective proposal_approval_mode = %v, want manual from GLOBAL", e)
+	}
+	gw, err := c.GetGatewayConfig(ctx, &sandboxv1.GetGatewayConfigRequest{})
+	if err != nil || gw.GetSettingsRevision() != 1 || gw.GetSettings()["proposal_approval_mode"].GetStringValue() != "manual" {
+		t.Errorf("GetGatewayConfig = %v, %v; want revision 1 with proposal_approval_mode manual", gw, err)
+	}
+	_, err = c.UpdateConfig(ctx, &openshellv1.UpdateConfigRequest{Global: true, SettingKey: "no_such_key", DeleteSetting: true})
+	wantCode(t, "UpdateConfig(unknown key)", err, codes.InvalidArgument, "unknown setting key 'no_such_key'")
+
+	del, err := c.UpdateConfig(ctx, &openshellv1.UpdateConfigRequest{Global: true, SettingKey: "policy", DeleteSetting: true})
+	if err != nil || !del.GetDeleted() {
+		t.Fatalf("UpdateConfig(remove global policy) = %v, %v; want deleted", del, err)
+	}
+	after := cfg()
+	if after.GetPolicySource() != sandboxv1.PolicySource_POLICY_SOURCE_SANDBOX || after.GetGlobalPolicyVersion() != 0 || !proto.Equal(after.GetPolicy(), own) {
+		t.Fatalf("after removal: source %v, global version %d; want the sandbox's own policy again", after.GetPolicySource(), after.GetGlobalPolicyVersion())
+	}
+}
