@@ -6,8 +6,11 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	"github.com/openshell-go/openshell/internal/supervisor/isolation"
@@ -47,6 +50,9 @@ func (a *agentLauncher) prepare(policy *sandboxv1.SandboxPolicy) error {
 func (a *agentLauncher) build(policy *sandboxv1.SandboxPolicy) (*isolation.Confinement, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("the supervisor runs as uid %d: it needs root to start agent processes as an unprivileged user", os.Geteuid())
+	}
+	if err := checkConfinementCaps(); err != nil {
+		return nil, err
 	}
 	conf, err := isolation.FromPolicy(policy, "/", a.workdir)
 	if err != nil {
@@ -115,4 +121,38 @@ func (t *procTable) startAgent(cmd *exec.Cmd, l *isolation.Launch) (*proc, error
 		return nil, err
 	}
 	return p, nil
+}
+
+// confinementCaps are the capabilities the supervisor needs to start a
+// confined agent process: SETGID and SETUID switch to the agent's user,
+// SETPCAP empties its bounding set, KILL signals it (another uid). The
+// Kubernetes driver's pod spec grants exactly these and CHOWN (for
+// giveWorkspace, which only warns).
+var confinementCaps = []struct {
+	bit  int
+	name string
+}{{unix.CAP_KILL, "CAP_KILL"}, {unix.CAP_SETGID, "CAP_SETGID"}, {unix.CAP_SETPCAP, "CAP_SETPCAP"}, {unix.CAP_SETUID, "CAP_SETUID"}}
+
+// checkConfinementCaps reports the confinementCaps missing from the
+// supervisor's effective or bounding set (the trampoline, a re-exec of
+// the supervisor, gets no more than the bounding set), so that a container
+// started without them reports the policy FAILED before any agent process
+// is attempted instead of failing each spawn.
+func checkConfinementCaps() error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("read the supervisor's capabilities: %w", err)
+	}
+	var missing []string
+	for _, c := range confinementCaps {
+		inBounding, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(c.bit), 0, 0, 0)
+		if err != nil || inBounding != 1 || data[c.bit/32].Effective&(1<<(uint(c.bit)%32)) == 0 {
+			missing = append(missing, c.name)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("the supervisor lacks %s, which it needs to start agent processes as an unprivileged user without capabilities", strings.Join(missing, ", "))
+	}
+	return nil
 }

@@ -122,20 +122,7 @@ func startRootSandboxWith(t *testing.T, o rootOpts) *rootSandbox {
 	if err := cmd.Start(); err != nil {
 		skipOrFail(t, "cannot start in new namespaces: %v", err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("supervisor stderr:\n%s", stderr.String())
-		}
-	})
+	stopAtCleanup(t, cmd, &stderr)
 	s.gw.WaitFor(t, 30*time.Second, "session of the binary", func(st *relaytest.State) bool { return st.Connected(s.id) })
 	return s
 }
