@@ -72,6 +72,11 @@ func TestEgressProxy(t *testing.T) {
 				},
 				Binaries: []*sandboxv1.NetworkBinary{{Path: curl}},
 			},
+			// A binary the agent itself writes into the workspace.
+			"copied": {
+				Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "allowed.test", Port: portN, AllowedIps: []string{"127.0.0.1"}}},
+				Binaries:  []*sandboxv1.NetworkBinary{{Path: "/sandbox/bin/client"}},
+			},
 		},
 	}
 	created, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "egress", Spec: &openshellv1.SandboxSpec{
@@ -125,6 +130,16 @@ func TestEgressProxy(t *testing.T) {
 	if out, code := sh(curl + " -s -o /dev/null -w '%{http_code}' http://169.254.169.254/latest/meta-data/"); out != "403" {
 		t.Errorf("metadata address = exit %d %q, want 403", code, out)
 	}
+	// Trust on first use: the workspace copy of curl is allowed by path;
+	// once replaced by different content at that path it is denied.
+	if out, _ := sh("mkdir -p /sandbox/bin && cp " + curl + " /sandbox/bin/client && /sandbox/bin/client -s -o /dev/null -w '%{http_code}' " + target); out != "200" {
+		t.Errorf("workspace binary allowed by path, first use = %q, want 200", out)
+	}
+	if out, _ := sh("cp " + curl + " /sandbox/bin/client.new && echo changed >> /sandbox/bin/client.new && mv /sandbox/bin/client.new /sandbox/bin/client && " +
+		"/sandbox/bin/client -s -o /dev/null -w '%{http_code}' " + target); out != "403" {
+		t.Errorf("replaced workspace binary at the allowed path = %q, want 403", out)
+	}
+
 	// UDP (DNS included) has no way out: no route, and the proxy speaks
 	// HTTP only.
 	helper := g.InstallHelper(t, id)
@@ -141,6 +156,9 @@ func TestEgressProxy(t *testing.T) {
 		"deny internal address": func(f map[string]string) bool {
 			return f["decision"] == "deny" && f["host"] == "internal.egress.test" && f["policy"] == "upstream" &&
 				f["reason"] == "address 127.0.0.1 is internal (loopback, link-local, private or reserved) and not in the endpoint's allowed_ips"
+		},
+		"deny replaced binary": func(f map[string]string) bool {
+			return f["decision"] == "deny" && f["binary"] == "/sandbox/bin/client" && strings.Contains(f["reason"], "binary /sandbox/bin/client changed since its first use")
 		},
 		"deny other host": func(f map[string]string) bool {
 			return f["decision"] == "deny" && f["host"] == "other.egress.test" && f["binary"] == curl &&
