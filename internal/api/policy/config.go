@@ -148,6 +148,15 @@ func (s *Service) UpdateConfig(ctx context.Context, req *openshellv1.UpdateConfi
 	if err := s.o.Authz.Sandbox(ctx, req.GetWorkspace(), req.GetName(), openshellv1.WorkspaceRole_WORKSPACE_ROLE_ADMIN); err != nil {
 		return nil, err
 	}
+	// OpenShell writes these to the sandbox's metadata (CAS on the
+	// version); this gateway does not, so it refuses them rather than
+	// dropping them.
+	switch {
+	case len(req.GetAnnotations()) > 0:
+		return nil, errdefs.InvalidArgument("annotations are not supported by this gateway yet")
+	case req.GetExpectedResourceVersion() != 0:
+		return nil, errdefs.InvalidArgument("expected_resource_version is not supported by this gateway yet")
+	}
 	sb, err := s.o.Engine.Get(ctx, req.GetWorkspace(), req.GetName())
 	if err != nil {
 		return nil, err
@@ -206,6 +215,8 @@ func (s *Service) updateGlobal(ctx context.Context, req *openshellv1.UpdateConfi
 		return nil, errdefs.InvalidArgument("annotations are only supported for sandbox-scoped updates")
 	case len(req.GetMergeOperations()) > 0:
 		return nil, errdefs.InvalidArgument("merge_operations are not supported for global policy updates")
+	case req.GetExpectedResourceVersion() != 0:
+		return nil, errdefs.InvalidArgument("expected_resource_version is not supported by this gateway yet")
 	case req.GetPolicy() != nil && req.GetDeleteSetting():
 		return nil, errdefs.InvalidArgument("delete_setting cannot be combined with policy payload")
 	}

@@ -229,6 +229,10 @@ func TestUpdateConfigRefusals(t *testing.T) {
 			codes.InvalidArgument, "merge_operations are not supported for global policy updates"},
 		{"global annotations", &openshellv1.UpdateConfigRequest{Global: true, Policy: livePolicy(), Annotations: map[string]string{"a": "b"}},
 			codes.InvalidArgument, "annotations are only supported for sandbox-scoped updates"},
+		{"sandbox annotations", &openshellv1.UpdateConfigRequest{Name: "pol", Workspace: "team-a", Policy: livePolicy(), Annotations: map[string]string{"a": "b"}},
+			codes.InvalidArgument, "annotations are not supported by this gateway yet"},
+		{"expected resource version", &openshellv1.UpdateConfigRequest{Name: "pol", Workspace: "team-a", SettingKey: "ocsf_json_enabled", SettingValue: boolSetting(true), ExpectedResourceVersion: 3},
+			codes.InvalidArgument, "expected_resource_version is not supported by this gateway yet"},
 		{"no name", &openshellv1.UpdateConfigRequest{Workspace: "team-a", SettingKey: "ocsf_json_enabled", SettingValue: boolSetting(true)},
 			codes.InvalidArgument, "name is required for sandbox-scoped updates"},
 	} {
