@@ -2,8 +2,11 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"net/url"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
@@ -51,6 +54,21 @@ func (a *app) probeStatus(ctx context.Context, c openshellv1.OpenShellClient) (g
 	switch {
 	case status.Code(err) == codes.Unauthenticated:
 		return notAuthenticated(err), nil
+	case status.Code(err) == codes.Unavailable:
+		alert, rejected := a.tlsCredentialsRejected(ctx, status.Convert(err).Message())
+		if !rejected {
+			return gatewayStatus{}, a.rpcError(err, "")
+		}
+		// The gateway answered the TLS handshake with an alert refusing
+		// our client certificate (or its absence): reachable, not
+		// authenticated.
+		st = notAuthenticated(err)
+		st.AuthError = "the TLS handshake was refused: " + alert
+		st.Hint = "the gateway requires a client certificate it trusts: register it with 'openshell gateway add NAME --endpoint URL --ca ca.crt --cert tls.crt --key tls.key'"
+		if a.target.CertFile != "" {
+			st.Hint = unauthenticatedHint(*a.target)
+		}
+		return st, nil
 	case err != nil:
 		return gatewayStatus{}, a.rpcError(err, "")
 	}
@@ -81,6 +99,64 @@ func (a *app) probeStatus(ctx context.Context, c openshellv1.OpenShellClient) (g
 		return gatewayStatus{}, a.rpcError(err, "")
 	}
 	return st, nil
+}
+
+// tlsCredentialsRejected reports whether a dial error is the gateway's TLS
+// alert refusing the client certificate (or its absence), as opposed to no
+// answer or our refusal of the gateway's certificate. With TLS 1.3 the
+// client learns of the refusal only after its side of the handshake, so gRPC
+// often reports a broken pipe or reset instead: then one TLS connection is
+// made and read from to receive the alert itself.
+func (a *app) tlsCredentialsRejected(ctx context.Context, msg string) (string, bool) {
+	if alert, ok := clientCertAlert(msg); ok {
+		return alert, true
+	}
+	r := dialReason(msg)
+	if r != "broken pipe" && r != "connection reset by peer" && !strings.HasSuffix(msg, "EOF") {
+		return "", false
+	}
+	u, err := url.Parse(a.target.Endpoint)
+	if err != nil || u.Scheme != "https" {
+		return "", false
+	}
+	cfg, hostport, err := tlsConfigFor(*a.target, u)
+	if err != nil {
+		return "", false
+	}
+	cfg.NextProtos = []string{"h2"}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := (&tls.Dialer{Config: cfg}).DialContext(ctx, "tcp", hostport)
+	if err != nil {
+		return clientCertAlert(err.Error())
+	}
+	defer func() { _ = conn.Close() }()
+	deadline, _ := ctx.Deadline()
+	_ = conn.SetReadDeadline(deadline)
+	if _, err = conn.Read(make([]byte, 1)); err == nil {
+		return "", false
+	}
+	return clientCertAlert(err.Error())
+}
+
+// clientCertAlert finds, in a dial error, a TLS alert the gateway sent
+// about our client certificate ("remote error: tls: certificate required").
+func clientCertAlert(msg string) (string, bool) {
+	const prefix = "remote error: tls: "
+	i := strings.Index(msg, prefix)
+	if i < 0 {
+		return "", false
+	}
+	alert := msg[i+len(prefix):]
+	if j := strings.IndexAny(alert, "\"\n"); j >= 0 {
+		alert = alert[:j]
+	}
+	switch alert {
+	case "certificate required", "bad certificate", "unknown certificate authority", "expired certificate",
+		"revoked certificate", "unsupported certificate", "unknown certificate", "access denied":
+		return alert, true
+	}
+	return "", false
 }
 
 func (a *app) newStatusCmd() *cobra.Command {

@@ -158,32 +158,43 @@ func dialTarget(t gatewayTarget) (string, credentials.TransportCredentials, erro
 	case "unix":
 		return "unix://" + u.Path, insecure.NewCredentials(), nil
 	case "https":
-		cfg := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: t.Insecure} //nolint:gosec // explicit user choice
-		if u.Port() == "" {
-			u.Host += ":443"
+		cfg, hostport, err := tlsConfigFor(t, u)
+		if err != nil {
+			return "", nil, err
 		}
-		cfg.ServerName = u.Hostname()
-		if t.CAFile != "" {
-			pem, err := os.ReadFile(t.CAFile)
-			if err != nil {
-				return "", nil, fmt.Errorf("read CA %s: %w", t.CAFile, err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return "", nil, fmt.Errorf("CA %s holds no PEM certificate", t.CAFile)
-			}
-			cfg.RootCAs = pool
-		}
-		if t.CertFile != "" && t.KeyFile != "" {
-			cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
-			if err != nil {
-				return "", nil, fmt.Errorf("load client certificate %s: %w", t.CertFile, err)
-			}
-			cfg.Certificates = []tls.Certificate{cert}
-		}
-		return "passthrough:///" + u.Host, credentials.NewTLS(cfg), nil
+		return "passthrough:///" + hostport, credentials.NewTLS(cfg), nil
 	}
 	return "", nil, fmt.Errorf("unsupported endpoint scheme %q", u.Scheme)
+}
+
+// tlsConfigFor is the client TLS configuration for an https:// target and
+// the host:port to dial.
+func tlsConfigFor(t gatewayTarget, u *url.URL) (*tls.Config, string, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: t.Insecure} //nolint:gosec // explicit user choice
+	host := u.Host
+	if u.Port() == "" {
+		host += ":443"
+	}
+	cfg.ServerName = u.Hostname()
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, "", fmt.Errorf("read CA %s: %w", t.CAFile, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, "", fmt.Errorf("CA %s holds no PEM certificate", t.CAFile)
+		}
+		cfg.RootCAs = pool
+	}
+	if t.CertFile != "" && t.KeyFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, "", fmt.Errorf("load client certificate %s: %w", t.CertFile, err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, host, nil
 }
 
 // gateway resolves and dials the gateway once per Run.
