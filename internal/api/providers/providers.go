@@ -70,8 +70,22 @@ func (s *Service) CreateProvider(ctx context.Context, req *openshellv1.CreatePro
 	if err != nil {
 		return nil, err
 	}
+	// A workspace being deleted marks itself TERMINATING before it counts
+	// its providers: either that count sees this row or this check sees
+	// TERMINATING (or the workspace gone), and the row is removed again.
+	if err := s.o.Authz.WorkspaceAcceptsSandboxes(ctx, ws); err != nil {
+		if _, derr := s.o.Providers.Delete(context.WithoutCancel(ctx), ws, p.GetMetadata().GetName(), noUsers); derr != nil {
+			return nil, fmt.Errorf("workspace %q stopped accepting providers and removing provider '%s' failed: %w", ws, p.GetMetadata().GetName(), derr)
+		}
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil, errdefs.FailedPrecondition(fmt.Sprintf("workspace %q was deleted", ws))
+		}
+		return nil, err
+	}
 	return &openshellv1.ProviderResponse{Provider: p}, nil
 }
+
+func noUsers(context.Context) ([]string, error) { return nil, nil }
 
 // GetProvider returns a provider, redacted.
 func (s *Service) GetProvider(ctx context.Context, req *openshellv1.GetProviderRequest) (*openshellv1.ProviderResponse, error) {

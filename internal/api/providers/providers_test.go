@@ -4,15 +4,21 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/api/apitest"
+	"github.com/openshell-go/openshell/internal/api/authz"
 	"github.com/openshell-go/openshell/internal/api/providers"
+	"github.com/openshell-go/openshell/internal/credentials"
+	domain "github.com/openshell-go/openshell/internal/providers"
+	"github.com/openshell-go/openshell/internal/store"
 )
 
 func newService(f *apitest.Env, oidc bool) *providers.Service {
@@ -373,4 +379,47 @@ func TestProfiles(t *testing.T) {
 	}
 	_, err = svc.GetProviderProfile(ctx, &openshellv1.GetProviderProfileRequest{Id: "nope"})
 	apitest.WantErr(t, "GetProviderProfile(nope)", err, codes.NotFound, "provider profile 'nope' not found")
+}
+
+// hookStore runs a hook before the first Create of a provider.
+type hookStore struct {
+	store.Store
+	once sync.Once
+	hook func()
+}
+
+func (h *hookStore) Create(ctx context.Context, objType string, msg proto.Message) (store.WriteResult, error) {
+	if objType == store.TypeProvider {
+		h.once.Do(h.hook)
+	}
+	return h.Store.Create(ctx, objType, msg)
+}
+
+// TestCreateRacesWorkspaceDelete is the regression test for a provider
+// created while its workspace was being deleted: the check before the
+// insert passed, the workspace turned TERMINATING before the row landed,
+// and the provider (with its credentials) outlived the workspace. The
+// create now re-checks after the insert and removes its row.
+func TestCreateRacesWorkspaceDelete(t *testing.T) {
+	env := apitest.NewEnv(t)
+	apitest.CreateWorkspace(t, env.Store, "doomed")
+	hs := &hookStore{Store: env.Store}
+	hs.hook = func() {
+		if _, _, err := store.UpdateCASAs(t.Context(), env.Store, store.TypeWorkspace, authz.WorkspaceID("doomed"), 0,
+			func() *datamodelv1.Workspace { return &datamodelv1.Workspace{} },
+			func(w *datamodelv1.Workspace) error { w.Status.Phase = authz.WorkspaceTerminating; return nil }); err != nil {
+			t.Errorf("mark terminating: %v", err)
+		}
+	}
+	kr, err := credentials.LoadOrCreateKEK(t.TempDir() + "/kek")
+	if err != nil {
+		t.Fatal(err)
+	}
+	provs := domain.NewStore(domain.Options{Objects: hs, Keyring: kr})
+	svc := providers.New(providers.Options{Engine: env.Engine, Authz: env.Authz(false), Providers: provs})
+	_, err = svc.CreateProvider(t.Context(), &openshellv1.CreateProviderRequest{Workspace: "doomed", Provider: github("gh", "s")})
+	apitest.WantErr(t, "CreateProvider", err, codes.FailedPrecondition, `workspace "doomed" is being deleted`)
+	if ps, err := provs.List(t.Context(), store.ListOptions{Workspace: "doomed"}); err != nil || len(ps) != 0 {
+		t.Fatalf("providers left in the terminating workspace: %d, %v", len(ps), err)
+	}
 }

@@ -245,12 +245,17 @@ func (s *Service) DeleteWorkspace(ctx context.Context, req *openshellv1.DeleteWo
 // workspace itself, each delete conditional on the version read. It
 // returns how many members it removed.
 func (s *Service) deleteTerminating(ctx context.Context, name string, rv uint64) (int, error) {
-	n, err := s.countSandboxes(ctx, name)
-	if err != nil {
-		return 0, err
-	}
-	if n > 0 {
-		return 0, errdefs.FailedPrecondition(fmt.Sprintf("workspace %q still has %d sandbox(es); delete them first", name, n))
+	// Sandboxes and providers block the delete (as OpenShell): a provider
+	// left behind would keep its credentials and hand them to a workspace
+	// created again under the same name.
+	for _, kind := range []struct{ objType, what string }{{store.TypeSandbox, "sandbox(es)"}, {store.TypeProvider, "provider(s)"}} {
+		n, err := s.count(ctx, kind.objType, name)
+		if err != nil {
+			return 0, err
+		}
+		if n > 0 {
+			return 0, errdefs.FailedPrecondition(fmt.Sprintf("workspace %q still has %d %s; delete them first", name, n, kind.what))
+		}
 	}
 	type member struct {
 		id string
@@ -299,10 +304,10 @@ func (s *Service) setWorkspacePhase(ctx context.Context, name string, expectedRV
 	})
 }
 
-// countSandboxes counts the sandbox records of workspace ws.
-func (s *Service) countSandboxes(ctx context.Context, ws string) (int, error) {
+// count counts the objType records of workspace ws.
+func (s *Service) count(ctx context.Context, objType, ws string) (int, error) {
 	n := 0
-	err := s.eachObject(ctx, store.TypeSandbox, store.ListOptions{Workspace: ws}, func(store.Object) error {
+	err := s.eachObject(ctx, objType, store.ListOptions{Workspace: ws}, func(store.Object) error {
 		n++
 		return nil
 	})

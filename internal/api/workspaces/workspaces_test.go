@@ -301,3 +301,28 @@ func TestAuthorization(t *testing.T) {
 		})
 	}
 }
+
+// TestDeleteWorkspaceWithProviders is the regression test for a workspace
+// deleted while it still held providers: their sealed credentials stayed
+// behind and a workspace created again under the same name inherited them.
+// As OpenShell, providers block the delete until they are removed.
+func TestDeleteWorkspaceWithProviders(t *testing.T) {
+	f := newFixture(t, true)
+	f.newEmpty(t)
+	if _, err := f.Providers.Create(t.Context(), "empty", &datamodelv1.Provider{
+		Metadata: &datamodelv1.ObjectMeta{Name: "gh"}, Type: "github", Credentials: map[string]string{"GITHUB_TOKEN": "v"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := f.svc.DeleteWorkspace(root(t), &openshellv1.DeleteWorkspaceRequest{Name: "empty"})
+	apitest.WantErr(t, "DeleteWorkspace", err, codes.FailedPrecondition, `workspace "empty" still has 1 provider(s); delete them first`)
+	if got := f.phase(t, "empty"); got != datamodelv1.WorkspacePhase_WORKSPACE_PHASE_ACTIVE {
+		t.Errorf("phase after the refused delete = %v, want ACTIVE", got)
+	}
+	if _, err := f.Providers.Delete(t.Context(), "empty", "gh", func(context.Context) ([]string, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.svc.DeleteWorkspace(root(t), &openshellv1.DeleteWorkspaceRequest{Name: "empty"}); err != nil {
+		t.Fatalf("DeleteWorkspace without providers: %v", err)
+	}
+}
