@@ -2,14 +2,17 @@ package gatewaytest
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/store/postgres/postgrestest"
 )
 
 // waitPolicyStatus polls GetSandboxPolicyStatus until version of sandbox
@@ -222,4 +225,60 @@ func TestGlobalPolicyEndToEnd(t *testing.T) {
 	if after.GetPolicySource() != sandboxv1.PolicySource_POLICY_SOURCE_SANDBOX || after.GetGlobalPolicyVersion() != 0 || !proto.Equal(after.GetPolicy(), own) {
 		t.Fatalf("after removal: source %v, global version %d; want the sandbox's own policy again", after.GetPolicySource(), after.GetGlobalPolicyVersion())
 	}
+}
+
+// TestGlobalSettingsTwoGateways: two gateway processes on one PostgreSQL
+// database write global settings at once, each through its own gateway;
+// a write that loses the compare-and-swap answers Aborted and is retried
+// by the client. No update is lost: the final revision counts every
+// successful write and both writers' last values are in force.
+func TestGlobalSettingsTwoGateways(t *testing.T) {
+	db := postgrestest.NewDatabase(t)
+	gws := [2]*Gateway{
+		Start(t, Options{ExtraArgs: []string{"--db-url", db}}),
+		Start(t, Options{ExtraArgs: []string{"--db-url", db}}),
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	keys := [2]string{"ocsf_json_enabled", "agent_policy_proposals_enabled"}
+	const n = 15
+	var wg sync.WaitGroup
+	var aborted [2]int
+	for i, g := range gws {
+		c := g.Client()
+		wg.Go(func() {
+			for j := range n {
+				req := &openshellv1.UpdateConfigRequest{Global: true, SettingKey: keys[i],
+					SettingValue: &sandboxv1.SettingValue{Value: &sandboxv1.SettingValue_BoolValue{BoolValue: j%2 == 0}}}
+				for {
+					_, err := c.UpdateConfig(ctx, req)
+					if status.Code(err) == codes.Aborted {
+						aborted[i]++
+						continue
+					}
+					if err != nil {
+						t.Errorf("UpdateConfig(%s) via gateway %d: %v", keys[i], i, err)
+						return
+					}
+					break
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i, g := range gws {
+		gw, err := g.Client().GetGatewayConfig(ctx, &sandboxv1.GetGatewayConfigRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gw.GetSettingsRevision() != 2*n {
+			t.Errorf("gateway %d: settings revision %d, want %d (every write a revision)", i, gw.GetSettingsRevision(), 2*n)
+		}
+		for _, k := range keys {
+			if v := gw.GetSettings()[k]; v.GetValue() == nil || !v.GetBoolValue() { // the last write (j = n-1, even) sets true
+				t.Errorf("gateway %d: %s = %v, want true", i, k, v)
+			}
+		}
+	}
+	t.Logf("aborted and retried: %v", aborted)
 }
