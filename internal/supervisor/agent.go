@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -79,7 +80,13 @@ func (a *agentLauncher) build(policy *sandboxv1.SandboxPolicy) (*isolation.Confi
 	}
 	a.log.Info("agent processes run confined", "uid", conf.User.UID, "gid", conf.User.GID,
 		"default_filesystem", conf.DefaultFilesystem, "seccomp", true, "no_new_privs", true, "capabilities", "none")
-	if a.workdir != "" {
+	switch {
+	case a.workdir == "":
+	case filepath.Clean(a.workdir) == "/":
+		// A container image without WORKDIR: "/" is neither given to the
+		// agent's user nor made writable (isolation.FromPolicy).
+		a.log.Warn("the working directory is /: it stays read-only for agent processes; set WORKDIR in the image or a workspace volume")
+	default:
 		giveWorkspace(a.log, a.workdir, conf.User)
 	}
 	return conf, nil

@@ -86,8 +86,12 @@ var (
 // is the directory holding the sandbox's etc/passwd and etc/group (the
 // supervisor's "/" after its namespace setup); workdir is the agent's
 // working directory, added read-write when the policy has no filesystem
-// section or sets include_workdir.
+// section or sets include_workdir, except when it is "/" (a container
+// image without WORKDIR): "/" is never read-write.
 func FromPolicy(policy *sandboxv1.SandboxPolicy, root, workdir string) (*Confinement, error) {
+	if workdir != "" && filepath.Clean(workdir) == "/" {
+		workdir = ""
+	}
 	u, err := ResolveUser(root, policy.GetProcess().GetRunAsUser(), policy.GetProcess().GetRunAsGroup())
 	if err != nil {
 		return nil, err

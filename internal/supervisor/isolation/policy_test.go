@@ -3,6 +3,7 @@ package isolation_test
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -89,6 +90,17 @@ func TestFromPolicy(t *testing.T) {
 		}
 		if diff := cmp.Diff([]string{"/sandbox"}, paths(c.ReadWrite)); diff != "" {
 			t.Errorf("required read-write paths (-want +got):\n%s", diff)
+		}
+	})
+	t.Run("a workdir of / is never added read-write", func(t *testing.T) {
+		for _, p := range []*sandboxv1.SandboxPolicy{nil, {Filesystem: &sandboxv1.FilesystemPolicy{IncludeWorkdir: true, ReadOnly: []string{"/usr"}}}} {
+			c, err := isolation.FromPolicy(p, "/nonexistent", "/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := paths(c.ReadWrite); slices.Contains(got, "/") {
+				t.Errorf("FromPolicy(%v, workdir /) required read-write = %v, want no /", p, got)
+			}
 		}
 	})
 	t.Run("policy paths are required, include_workdir adds the workdir", func(t *testing.T) {
