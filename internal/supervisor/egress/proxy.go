@@ -234,8 +234,8 @@ func (p *Proxy) decideAndDial(c net.Conn, host string, port uint32, ev *Event) (
 	}
 	// Every process holding the socket must be allowed: a socket handed
 	// to an allowed binary by another process gains nothing.
-	var d Decision
-	for i, cl := range callers {
+	decisions := make([]Decision, 0, len(callers))
+	for _, cl := range callers {
 		if cl.Err != nil {
 			ev.Binary, ev.PID = cl.Exe, cl.PID
 			return deny(http.StatusForbidden, "%v", cl.Err)
@@ -245,19 +245,19 @@ func (p *Proxy) decideAndDial(c net.Conn, host string, port uint32, ev *Event) (
 			ev.Binary, ev.PID, ev.Policy = cl.Exe, cl.PID, ""
 			return deny(http.StatusForbidden, "%s", di.Reason)
 		}
-		if i == 0 {
-			d = di
-		}
+		decisions = append(decisions, di)
 	}
-	ev.Policy = d.Policy
+	ev.Policy = decisions[0].Policy
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.DialTimeout)
 	defer cancel()
 	addrs, err := resolve(ctx, p.cfg.Resolver, host)
 	if err != nil {
 		return deny(http.StatusForbidden, "%v", err)
 	}
-	if err := p.guard.check(addrs, d.AllowedIPs, d.Hostless); err != nil {
-		return deny(http.StatusForbidden, "%v", err)
+	for _, d := range decisions { // each holder's matching endpoint must admit the addresses
+		if err := p.guard.check(addrs, d.AllowedIPs, d.Hostless); err != nil {
+			return deny(http.StatusForbidden, "%v", err)
+		}
 	}
 	var last error
 	for _, a := range addrs {

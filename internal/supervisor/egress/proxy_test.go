@@ -230,6 +230,44 @@ func TestProxySSRFGuard(t *testing.T) {
 	}
 }
 
+// TestProxyEveryHolderDecides: when two processes hold the client socket,
+// each must be allowed, and each one's matching endpoint must admit the
+// resolved addresses.
+func TestProxyEveryHolderDecides(t *testing.T) {
+	port := upstream(t)
+	rules := map[string]*sandboxv1.NetworkPolicyRule{
+		"a": {Name: "a", Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "allowed.test", Port: port, AllowedIps: []string{"127.0.0.1"}}},
+			Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/curl"}}},
+		"b": {Name: "b", Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "allowed.test", Port: port}},
+			Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/python3"}}},
+	}
+	holders := func(exes ...string) func(netip.AddrPort, netip.AddrPort) ([]Caller, error) {
+		return func(netip.AddrPort, netip.AddrPort) ([]Caller, error) {
+			var cs []Caller
+			for i, e := range exes {
+				cs = append(cs, Caller{PID: 100 + i, Exe: e})
+			}
+			return cs, nil
+		}
+	}
+	target := fmt.Sprintf("allowed.test:%d", port)
+	for _, tt := range []struct {
+		exes   []string
+		code   int
+		reason string
+	}{
+		{[]string{"/usr/bin/curl"}, 200, ""},
+		{[]string{"/usr/bin/curl", "/usr/bin/wget"}, 403, "binary '/usr/bin/wget' not allowed"},
+		{[]string{"/usr/bin/curl", "/usr/bin/python3"}, 403, "address 127.0.0.1 is internal"},
+	} {
+		tp := startProxy(t, Config{Resolver: loopbackResolver("allowed.test"), Identify: holders(tt.exes...)}, rules)
+		code, body := connect(t, tp.url, target)
+		if code != tt.code || !strings.Contains(body, tt.reason) {
+			t.Errorf("holders %v: %d %q, want %d with %q", tt.exes, code, body, tt.code, tt.reason)
+		}
+	}
+}
+
 // TestProxyShutdownClosesTunnels: closing the listener ends Serve even
 // while a tunnel is open and idle on both sides.
 func TestProxyShutdownClosesTunnels(t *testing.T) {
