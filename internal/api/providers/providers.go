@@ -302,6 +302,17 @@ func (s *Service) AttachSandboxProvider(ctx context.Context, req *openshellv1.At
 	if refuse != nil {
 		return nil, refuse
 	}
+	// DeleteProvider scans sandboxes before it removes the provider: either
+	// that scan saw this attachment or this check sees the provider gone,
+	// and the attachment is taken back.
+	if changed {
+		if err := s.o.Providers.Exists(ctx, ws, name); errors.Is(err, errdefs.ErrNotFound) {
+			if _, _, derr := s.o.Engine.EditProviders(context.WithoutCancel(ctx), ws, req.GetSandboxName(), 0, without(name)); derr != nil {
+				return nil, fmt.Errorf("provider '%s' was deleted during the attach and detaching it failed: %w", name, derr)
+			}
+			return nil, errdefs.FailedPrecondition(fmt.Sprintf("provider '%s' not found", name))
+		}
+	}
 	return &openshellv1.AttachSandboxProviderResponse{Sandbox: sb, Attached: changed}, nil
 }
 
@@ -317,16 +328,21 @@ func (s *Service) DetachSandboxProvider(ctx context.Context, req *openshellv1.De
 		return nil, err
 	}
 	name := req.GetProviderName()
-	sb, changed, err := s.o.Engine.EditProviders(ctx, ws, req.GetSandboxName(), req.GetExpectedResourceVersion(), func(cur []string) ([]string, bool) {
-		if !slices.Contains(cur, name) {
-			return cur, false
-		}
-		return slices.DeleteFunc(slices.Clone(cur), func(n string) bool { return n == name }), true
-	})
+	sb, changed, err := s.o.Engine.EditProviders(ctx, ws, req.GetSandboxName(), req.GetExpectedResourceVersion(), without(name))
 	if err != nil {
 		return nil, casError(err, req.GetSandboxName())
 	}
 	return &openshellv1.DetachSandboxProviderResponse{Sandbox: sb, Detached: changed}, nil
+}
+
+// without is the provider-list edit that removes name.
+func without(name string) func([]string) ([]string, bool) {
+	return func(cur []string) ([]string, bool) {
+		if !slices.Contains(cur, name) {
+			return cur, false
+		}
+		return slices.DeleteFunc(slices.Clone(cur), func(n string) bool { return n == name }), true
+	}
 }
 
 // casError words a sandbox version conflict for the caller (Aborted).

@@ -17,6 +17,7 @@ import (
 	"github.com/openshell-go/openshell/internal/api/authz"
 	"github.com/openshell-go/openshell/internal/api/providers"
 	"github.com/openshell-go/openshell/internal/credentials"
+	"github.com/openshell-go/openshell/internal/lifecycle"
 	domain "github.com/openshell-go/openshell/internal/providers"
 	"github.com/openshell-go/openshell/internal/store"
 )
@@ -421,5 +422,55 @@ func TestCreateRacesWorkspaceDelete(t *testing.T) {
 	apitest.WantErr(t, "CreateProvider", err, codes.FailedPrecondition, `workspace "doomed" is being deleted`)
 	if ps, err := provs.List(t.Context(), store.ListOptions{Workspace: "doomed"}); err != nil || len(ps) != 0 {
 		t.Fatalf("providers left in the terminating workspace: %d, %v", len(ps), err)
+	}
+}
+
+// deletingStore deletes provider "gh" right after the first sandbox
+// write, standing in for a DeleteProvider that scanned the sandboxes
+// before the attach landed.
+type deletingStore struct {
+	store.Store
+	once  sync.Once
+	provs func() *domain.Store
+}
+
+func (d *deletingStore) Update(ctx context.Context, objType string, msg proto.Message, expectedRV uint64) (store.WriteResult, error) {
+	res, err := d.Store.Update(ctx, objType, msg, expectedRV)
+	if err == nil && objType == store.TypeSandbox {
+		d.once.Do(func() {
+			if _, derr := d.provs().Delete(ctx, "default", "gh", func(context.Context) ([]string, error) { return nil, nil }); derr != nil {
+				panic(derr)
+			}
+		})
+	}
+	return res, err
+}
+
+// TestAttachRacesProviderDelete is the regression test for an attach
+// landing after a DeleteProvider's sandbox scan: the sandbox named a
+// provider that no longer existed. The attach now re-checks and takes
+// the attachment back.
+func TestAttachRacesProviderDelete(t *testing.T) {
+	env := apitest.NewEnv(t)
+	if _, err := env.Providers.Create(t.Context(), "default", github("gh", "s")); err != nil {
+		t.Fatal(err)
+	}
+	ds := &deletingStore{Store: env.Store, provs: func() *domain.Store { return env.Providers }}
+	eng, err := lifecycle.New(t.Context(), lifecycle.Options{Store: lifecycle.ObjectStore{S: ds}, Driver: env.Driver, ProviderExists: env.Providers.Exists})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Engine.Create(t.Context(), &openshellv1.CreateSandboxRequest{Name: "sb"}); err != nil {
+		t.Fatal(err)
+	}
+	svc := providers.New(providers.Options{Engine: eng, Authz: env.Authz(false), Providers: env.Providers})
+	_, err = svc.AttachSandboxProvider(t.Context(), &openshellv1.AttachSandboxProviderRequest{SandboxName: "sb", ProviderName: "gh"})
+	apitest.WantErr(t, "AttachSandboxProvider", err, codes.FailedPrecondition, "provider 'gh' not found")
+	sb, err := env.Engine.Get(t.Context(), "", "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := sb.GetSpec().GetProviders(); len(p) != 0 {
+		t.Errorf("sandbox still names %v after the refused attach", p)
 	}
 }
