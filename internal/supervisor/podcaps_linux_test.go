@@ -22,7 +22,8 @@ import (
 // bounding set of exactly CHOWN, KILL, SETGID, SETPCAP and SETUID. With
 // that set the policy is LOADED and agent processes run confined; without
 // SETPCAP (a pod spec that forgot it) the policy is FAILED naming it and
-// no agent process starts.
+// no agent process starts. The positive case includes a pty session and an
+// agent process killed when its client goes away (it fails without KILL).
 func TestBinaryPodCapabilities(t *testing.T) {
 	if os.Geteuid() != 0 {
 		skipOrFail(t, "needs root: the supervisor drops privileges for real")
@@ -96,6 +97,29 @@ func TestBinaryPodCapabilities(t *testing.T) {
 			want := "Uid:\t1000\t1000\t1000\t1000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n"
 			if execErr != nil || got.code != 0 || got.stdout != want {
 				t.Errorf("exec = %+v, %v; want the confined agent:\n%s", got, execErr, want)
+			}
+			// A pty session, and an agent process of another uid killed
+			// when its client goes away (CAP_KILL).
+			if got, err := execIn(t, gw, id, sshexec.Request{Command: []string{"id", "-u"}, TTY: true, Cols: 80, Rows: 24}); err != nil || strings.TrimSpace(got.stdout) != "1000" {
+				t.Errorf("pty exec id -u = %+v, %v; want 1000", got, err)
+			}
+			pidFile := filepath.Join(ws, "sleep.pid")
+			got, err = execIn(t, gw, id, sshexec.Request{Command: []string{"sh", "-c", "echo $$ > " + pidFile + "; exec sleep 600"}, Timeout: time.Second})
+			if err != nil || got.code != sshexec.TimeoutExitCode {
+				t.Errorf("exec sleep with a timeout = %+v, %v; want exit %d", got, err, sshexec.TimeoutExitCode)
+			}
+			if b, err := os.ReadFile(pidFile); err != nil {
+				t.Errorf("agent pid: %v", err)
+			} else {
+				proc := "/proc/" + strings.TrimSpace(string(b))
+				deadline := time.Now().Add(10 * time.Second)
+				for _, err := os.Stat(proc); err == nil; _, err = os.Stat(proc) {
+					if time.Now().After(deadline) {
+						t.Errorf("agent process %s still alive 10s after its client went away", proc)
+						break
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
 			}
 			var main []byte
 			deadline := time.Now().Add(10 * time.Second)
