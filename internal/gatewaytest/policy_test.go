@@ -203,6 +203,19 @@ func TestGlobalPolicyEndToEnd(t *testing.T) {
 			with.GetPolicySource(), with.GetGlobalPolicyVersion(), with.GetConfigRevision(), before.GetConfigRevision())
 	}
 
+	// A sandbox created without a policy while the global one is in force
+	// starts (its supervisor's report needs a revision to land on): it takes
+	// the global policy as its baseline, version 1.
+	if _, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "late", Spec: &openshellv1.SandboxSpec{
+		Command: []string{"sleep", "infinity"},
+	}}); err != nil {
+		t.Fatalf("CreateSandbox(late): %v", err)
+	}
+	WaitPhase(ctx, t, c, "late", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, time.Minute)
+	if st := waitPolicyStatus(ctx, t, c, "late", 1); !proto.Equal(st.GetRevision().GetPolicy(), global) {
+		t.Errorf("late's version 1 = %v, want the global policy as its baseline", st.GetRevision().GetPolicy())
+	}
+
 	if _, err := c.UpdateConfig(ctx, &openshellv1.UpdateConfigRequest{Global: true, SettingKey: "proposal_approval_mode",
 		SettingValue: &sandboxv1.SettingValue{Value: &sandboxv1.SettingValue_StringValue{StringValue: "manual"}}}); err != nil {
 		t.Fatalf("UpdateConfig(global setting): %v", err)

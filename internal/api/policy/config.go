@@ -24,8 +24,9 @@ const failureMode = "fail_closed"
 
 // GetSandboxConfig returns the sandbox's effective policy and settings:
 // the global policy when one is set (policy_source GLOBAL, its version in
-// global_policy_version; version stays the sandbox's own, as OpenShell),
-// else the sandbox's newest revision; every registered setting with the
+// global_policy_version; version stays the sandbox's own, as OpenShell, and
+// a sandbox with no policy of its own takes the global one as its version
+// 1), else the sandbox's newest revision; every registered setting with the
 // scope its value comes from; and config_revision, a fingerprint of all
 // of it that changes whenever any of it does.
 func (s *Service) GetSandboxConfig(ctx context.Context, req *sandboxv1.GetSandboxConfigRequest) (*sandboxv1.GetSandboxConfigResponse, error) {
@@ -37,7 +38,20 @@ func (s *Service) GetSandboxConfig(ctx context.Context, req *sandboxv1.GetSandbo
 		Workspace: sb.GetMetadata().GetWorkspace(), PolicyValidationFailureMode: failureMode,
 		PolicySource: sandboxv1.PolicySource_POLICY_SOURCE_SANDBOX,
 	}
+	g, err := s.global.Active(ctx)
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, err
+	}
 	rev, err := s.history.Latest(ctx, sb)
+	if errors.Is(err, errdefs.ErrNotFound) && g != nil {
+		// A sandbox without a policy of its own starting under a global
+		// one takes it as its baseline (version 1), as it would take its
+		// supervisor's first sync: the supervisor applies and reports
+		// that version, and it is the sandbox's policy once the global
+		// one is removed. Concurrent seeds: one wins, the other is
+		// Conflict and the caller retries.
+		rev, err = s.history.Update(ctx, sb, g.GetPolicy())
+	}
 	switch {
 	case err == nil:
 		resp.Policy, resp.Version, resp.PolicyHash = rev.GetPolicy(), rev.GetVersion(), rev.GetPolicyHash()
@@ -46,16 +60,9 @@ func (s *Service) GetSandboxConfig(ctx context.Context, req *sandboxv1.GetSandbo
 	default:
 		return nil, err
 	}
-	g, err := s.global.Active(ctx)
-	switch {
-	case err == nil:
+	if g != nil {
 		resp.Policy, resp.PolicyHash = g.GetPolicy(), g.GetPolicyHash()
 		resp.PolicySource, resp.GlobalPolicyVersion = sandboxv1.PolicySource_POLICY_SOURCE_GLOBAL, g.GetVersion()
-		if resp.Version == 0 {
-			resp.Version = 1
-		}
-	case !errors.Is(err, errdefs.ErrNotFound):
-		return nil, err
 	}
 	global, err := s.settings.Get(ctx, settings.GlobalScope)
 	if err != nil {

@@ -294,3 +294,29 @@ func TestGlobalAuthorization(t *testing.T) {
 		{Name: "supervisor", P: apitest.Sandbox(f.SandboxA), Want: []codes.Code{denied, denied, denied, denied, denied, denied, denied}},
 	})
 }
+
+// A sandbox without a policy of its own that starts under a global policy
+// takes it as its version 1: its supervisor's report lands there (it used
+// to be NotFound, and the supervisor never started), and the sandbox keeps
+// that policy once the global one is removed.
+func TestGlobalPolicyBecomesBaselineOfPolicylessSandbox(t *testing.T) {
+	svc, f, _ := setup(t)
+	root := apitest.As(t.Context(), apitest.OIDCRoot)
+	if _, err := svc.UpdateConfig(root, &openshellv1.UpdateConfigRequest{Global: true, Policy: globalPolicy()}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config(t, svc, f.SandboxA)
+	if cfg.GetVersion() != 1 || cfg.GetPolicySource() != sandboxv1.PolicySource_POLICY_SOURCE_GLOBAL || !proto.Equal(cfg.GetPolicy(), globalPolicy()) {
+		t.Fatalf("GetSandboxConfig(policyless sandbox) = %v; want version 1 of the global policy", cfg)
+	}
+	sup := apitest.As(t.Context(), apitest.Sandbox(f.SandboxA))
+	if _, err := svc.ReportPolicyStatus(sup, &openshellv1.ReportPolicyStatusRequest{SandboxId: f.SandboxA, Version: 1, Status: openshellv1.PolicyStatus_POLICY_STATUS_LOADED}); err != nil {
+		t.Fatalf("ReportPolicyStatus(1) = %v", err)
+	}
+	if _, err := svc.UpdateConfig(root, &openshellv1.UpdateConfigRequest{Global: true, SettingKey: "policy", DeleteSetting: true}); err != nil {
+		t.Fatal(err)
+	}
+	if cfg := config(t, svc, f.SandboxA); cfg.GetVersion() != 1 || cfg.GetPolicySource() != sandboxv1.PolicySource_POLICY_SOURCE_SANDBOX || !proto.Equal(cfg.GetPolicy(), globalPolicy()) {
+		t.Fatalf("after removal: %v; want its own version 1 (the former global policy)", cfg)
+	}
+}
