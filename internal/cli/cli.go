@@ -84,8 +84,6 @@ type app struct {
 	executable func() (string, error)
 	// onListen, when set, is told the address a foreground forward listens on.
 	onListen func(net.Addr)
-	// rawArgs are the arguments Run was called with.
-	rawArgs []string
 
 	// global flags
 	gatewayName     string
@@ -128,7 +126,6 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *app {
 }
 
 func (a *app) run(ctx context.Context, args []string) error {
-	a.rawArgs = args
 	root := a.newRootCmd()
 	root.SetArgs(args)
 	root.SetOut(a.stdout)

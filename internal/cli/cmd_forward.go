@@ -161,13 +161,22 @@ func (a *app) startBackgroundForward(ctx context.Context, name string, local, re
 	if err != nil {
 		return err
 	}
+	// The child is a foreground 'forward start' with this invocation's
+	// gateway and workspace selection (the environment is inherited).
 	var args []string
-	for _, arg := range a.rawArgs {
-		if arg == "--background" || arg == "--background=true" {
-			continue
-		}
-		args = append(args, arg)
+	if a.gatewayName != "" {
+		args = append(args, "--gateway", a.gatewayName)
 	}
+	if a.gatewayEndpoint != "" {
+		args = append(args, "--gateway-endpoint", a.gatewayEndpoint)
+	}
+	if a.gatewayInsecure {
+		args = append(args, "--gateway-insecure")
+	}
+	if a.workspace != "" {
+		args = append(args, "--workspace", a.workspace)
+	}
+	args = append(args, "forward", "start", name, fmt.Sprintf("%d:%d", local, remote))
 	logPath := filepath.Join(dir, fmt.Sprintf("%d.log", local))
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {

@@ -3,22 +3,23 @@ package cli
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 )
-
-// DefaultSandboxCommand is the main process of a sandbox created without
-// a command.
-var DefaultSandboxCommand = []string{"/bin/bash", "-l"}
 
 func (a *app) newSandboxCmd() *cobra.Command {
 	cmd := &cobra.Command{
@@ -62,31 +63,42 @@ func (a *app) newSandboxCreateCmd() *cobra.Command {
 		name, image         string
 		labels, envs, provs []string
 		tty, noTTY, detach  bool
+		cpu, memory, gpu    string
+		driverConfig        string
+		forward             string
 	)
 	cmd := &cobra.Command{
 		Use:   "create [flags] [-- CMD...]",
 		Short: "Create a sandbox, wait until it is ready and open a shell in it",
 		Long: `Create a sandbox and wait until it is ready, showing its progress.
 
-The sandbox's main process is CMD (default: /bin/bash -l). Without --detach,
-an interactive shell is opened in the sandbox once it is ready. With
--o json|yaml the ready sandbox is printed instead.
+The sandbox's main process is CMD. Without CMD the request carries no command
+and the sandbox supervisor starts a login shell: /bin/bash -l when bash is
+installed, else /bin/sh -l. Without --detach, an interactive shell is opened
+in the sandbox once it is ready. With -o json|yaml the ready sandbox is
+printed instead.
+
+--cpu and --memory set resource limits (template.resources.limits);
+--gpu N requests N GPUs; --driver-config-json passes a JSON object keyed by
+driver name (e.g. {"kubernetes":{...}}) that the gateway hands to its compute
+driver; keys for other drivers are ignored by the gateway. --forward
+[LOCAL:]REMOTE starts a background forward (see 'openshell forward') once the
+sandbox is ready.
 
 Ctrl-C while the sandbox provisions asks whether to delete it.`,
 		Example: `  openshell sandbox create --name dev
-  openshell sandbox create --name agent --image ghcr.io/acme/agent:1 --env MODE=ci --detach -- claude`,
+  openshell sandbox create --name agent --image ghcr.io/acme/agent:1 --env MODE=ci --detach -- claude
+  openshell sandbox create --name web --cpu 2 --memory 4Gi --forward 8080 --detach -- python3 -m http.server 8080`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if tty && noTTY {
 				return usagef("--tty and --no-tty are mutually exclusive")
 			}
-			command := DefaultSandboxCommand
+			var command []string
 			if d := cmd.ArgsLenAtDash(); d >= 0 {
 				if d > 0 {
 					return usagef("unexpected arguments before --: %s", strings.Join(args[:d], " "))
 				}
-				if len(args) > 0 {
-					command = args
-				}
+				command = args
 			} else if len(args) > 0 {
 				return usagef("put the sandbox command after --, e.g. 'openshell sandbox create -- %s'", strings.Join(args, " "))
 			}
@@ -98,6 +110,25 @@ Ctrl-C while the sandbox provisions asks whether to delete it.`,
 			if err != nil {
 				return err
 			}
+			resources, err := resourceLimits(cpu, memory)
+			if err != nil {
+				return err
+			}
+			var dc *structpb.Struct
+			if driverConfig != "" {
+				if dc, err = parseDriverConfig(driverConfig); err != nil {
+					return err
+				}
+			}
+			var fwdLocal, fwdRemote uint16
+			if forward != "" {
+				if a.structured() {
+					return usagef("--forward cannot be combined with -o %s", a.output)
+				}
+				if fwdLocal, fwdRemote, err = parsePortSpec(forward); err != nil {
+					return err
+				}
+			}
 			useTTY := a.stdinTerminal()
 			if tty {
 				useTTY = true
@@ -105,10 +136,24 @@ Ctrl-C while the sandbox provisions asks whether to delete it.`,
 				useTTY = false
 			}
 			spec := &openshellv1.SandboxSpec{Environment: env, Providers: provs, Command: command, Tty: useTTY}
-			if image != "" {
-				spec.Template = &openshellv1.SandboxTemplate{Image: image}
+			if image != "" || resources != nil || dc != nil {
+				spec.Template = &openshellv1.SandboxTemplate{Image: image, Resources: resources, DriverConfig: dc}
 			}
-			return a.createSandbox(cmd.Context(), &openshellv1.CreateSandboxRequest{Spec: spec, Name: name, Labels: lbl, Workspace: a.ws()}, detach)
+			if cmd.Flags().Changed("gpu") {
+				n, err := strconv.ParseUint(gpu, 10, 32)
+				if err != nil || n == 0 {
+					return usagef("invalid --gpu %q: want a GPU count greater than 0", gpu)
+				}
+				count := uint32(n)
+				spec.ResourceRequirements = &openshellv1.ResourceRequirements{Gpu: &openshellv1.GpuResourceRequirements{Count: &count}}
+			}
+			req := &openshellv1.CreateSandboxRequest{Spec: spec, Name: name, Labels: lbl, Workspace: a.ws()}
+			return a.createSandbox(cmd.Context(), req, detach, func(name string) error {
+				if forward == "" {
+					return nil
+				}
+				return a.startBackgroundForward(cmd.Context(), name, fwdLocal, fwdRemote)
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -120,10 +165,77 @@ Ctrl-C while the sandbox provisions asks whether to delete it.`,
 	f.BoolVar(&tty, "tty", false, "run the main process with a terminal (default: when stdin is a terminal)")
 	f.BoolVar(&noTTY, "no-tty", false, "run the main process without a terminal")
 	f.BoolVarP(&detach, "detach", "d", false, "do not open a shell once the sandbox is ready")
+	f.StringVar(&cpu, "cpu", "", "CPU limit: cores or millicores, e.g. 2, 0.5 or 500m")
+	f.StringVar(&memory, "memory", "", "memory limit: bytes or a quantity, e.g. 512Mi, 4Gi or 8G")
+	f.StringVar(&gpu, "gpu", "", "number of GPUs to request (a count is required: the gateway has no driver-default GPU selection)")
+	f.StringVar(&driverConfig, "driver-config-json", "", "driver-specific settings: a JSON object keyed by driver name")
+	f.StringVar(&forward, "forward", "", "once ready, forward 127.0.0.1:LOCAL to port REMOTE in the sandbox in the background ([LOCAL:]REMOTE)")
 	return cmd
 }
 
-func (a *app) createSandbox(ctx context.Context, req *openshellv1.CreateSandboxRequest, detach bool) error {
+var (
+	millicoresRE = regexp.MustCompile(`^[0-9]+m$`)
+	memoryRE     = regexp.MustCompile(`^([0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|K|M|G|T|P|E)?$`)
+)
+
+// resourceLimits builds template.resources {"limits":{"cpu","memory"}} as
+// OpenShell's CLI does, or nil when neither is set.
+func resourceLimits(cpu, memory string) (*structpb.Struct, error) {
+	limits := map[string]any{}
+	if cpu != "" {
+		c := strings.TrimSpace(cpu)
+		positive := false
+		if millicoresRE.MatchString(c) {
+			n, err := strconv.ParseUint(strings.TrimSuffix(c, "m"), 10, 64)
+			positive = err == nil && n > 0
+		} else if f, err := strconv.ParseFloat(c, 64); err == nil {
+			positive = f > 0 && !math.IsInf(f, 0)
+		} else {
+			return nil, usagef("invalid --cpu %q: want positive cores or millicores, e.g. 2, 0.5 or 500m", cpu)
+		}
+		if !positive {
+			return nil, usagef("--cpu must be greater than zero")
+		}
+		limits["cpu"] = c
+	}
+	if memory != "" {
+		m := strings.TrimSpace(memory)
+		sub := memoryRE.FindStringSubmatch(m)
+		if sub == nil {
+			return nil, usagef("invalid --memory %q: want positive bytes or a quantity such as 512Mi, 4Gi or 8G", memory)
+		}
+		if strings.TrimLeft(sub[1], "0") == "" {
+			return nil, usagef("--memory must be greater than zero")
+		}
+		limits["memory"] = m
+	}
+	if len(limits) == 0 {
+		return nil, nil
+	}
+	return structpb.NewStruct(map[string]any{"limits": limits})
+}
+
+// parseDriverConfig parses --driver-config-json: a JSON object keyed by
+// driver name.
+func parseDriverConfig(s string) (*structpb.Struct, error) {
+	var v any
+	if err := json.Unmarshal([]byte(s), &v); err != nil {
+		return nil, usagef("--driver-config-json must be valid JSON: %v", err)
+	}
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return nil, usagef("--driver-config-json must be a JSON object keyed by driver name, e.g. {\"kubernetes\":{...}}")
+	}
+	st, err := structpb.NewStruct(obj)
+	if err != nil {
+		return nil, usagef("--driver-config-json: %v", err)
+	}
+	return st, nil
+}
+
+// createSandbox creates the sandbox, waits for READY, runs afterReady (if
+// any) and then attaches a shell unless detach.
+func (a *app) createSandbox(ctx context.Context, req *openshellv1.CreateSandboxRequest, detach bool, afterReady func(name string) error) error {
 	c, err := a.gateway()
 	if err != nil {
 		return err
@@ -152,6 +264,11 @@ func (a *app) createSandbox(ctx context.Context, req *openshellv1.CreateSandboxR
 		return a.printProto(ready)
 	}
 	_, _ = fmt.Fprintf(a.stderr, "Sandbox %s is ready\n", name)
+	if afterReady != nil {
+		if err := afterReady(name); err != nil {
+			return err
+		}
+	}
 	if detach {
 		_, _ = fmt.Fprintf(a.stderr, "Connect with: openshell sandbox connect %s\n", name)
 		return nil

@@ -3,6 +3,10 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 )
@@ -113,8 +118,10 @@ func TestCreateDefaultsAndJSON(t *testing.T) {
 	if r.err != nil {
 		t.Fatalf("create: %v", r.err)
 	}
-	if got := cf.created.GetSpec(); !cmp.Equal(got.GetCommand(), []string{"/bin/bash", "-l"}) || !got.GetTty() {
-		t.Errorf("default spec = %v, want command /bin/bash -l and tty (stdin is a terminal)", got)
+	// No command: the supervisor picks the login shell (bash, else sh), so an
+	// image without bash still works. No template either.
+	if got := cf.created.GetSpec(); got.GetCommand() != nil || !got.GetTty() || got.GetTemplate() != nil || got.GetResourceRequirements() != nil {
+		t.Errorf("default spec = %v, want no command, no template, no resources and tty (stdin is a terminal)", got)
 	}
 	var sb map[string]any
 	if err := json.Unmarshal([]byte(r.stdout), &sb); err != nil {
@@ -214,5 +221,94 @@ func TestCreateRejectsBadInput(t *testing.T) {
 	}
 	if r := tt.run("--gateway-endpoint", ep, "sandbox", "create", "--tty", "--no-tty"); r.code() != 2 {
 		t.Errorf("--tty --no-tty = %v", r.err)
+	}
+}
+
+func TestCreateResourceFlags(t *testing.T) {
+	cf := newCreateFake(openshellv1.SandboxPhase_SANDBOX_PHASE_READY)
+	ep := cf.serve(t)
+	tt := newTester(t)
+	r := tt.run("--gateway-endpoint", ep, "sandbox", "create", "--name", "gpu", "--detach",
+		"--cpu", "500m", "--memory", "2Gi", "--gpu", "2",
+		"--driver-config-json", `{"kubernetes":{"pod":{"node_selector":{"pool":"gpu"}}}}`, "--", "python3", "train.py")
+	if r.err != nil {
+		t.Fatalf("create: %v", r.err)
+	}
+	two := uint32(2)
+	resources, _ := structpb.NewStruct(map[string]any{"limits": map[string]any{"cpu": "500m", "memory": "2Gi"}})
+	dc, _ := structpb.NewStruct(map[string]any{"kubernetes": map[string]any{"pod": map[string]any{"node_selector": map[string]any{"pool": "gpu"}}}})
+	want := &openshellv1.SandboxSpec{
+		Command:              []string{"python3", "train.py"},
+		Template:             &openshellv1.SandboxTemplate{Resources: resources, DriverConfig: dc},
+		ResourceRequirements: &openshellv1.ResourceRequirements{Gpu: &openshellv1.GpuResourceRequirements{Count: &two}},
+	}
+	if diff := cmp.Diff(want, cf.created.GetSpec(), protocmp.Transform()); diff != "" {
+		t.Errorf("spec (-want +got):\n%s", diff)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--cpu", "0"}, "--cpu must be greater than zero"},
+		{[]string{"--cpu", "0m"}, "--cpu must be greater than zero"},
+		{[]string{"--cpu", "half"}, `invalid --cpu "half"`},
+		{[]string{"--memory", "1.5Gi"}, `invalid --memory "1.5Gi"`},
+		{[]string{"--memory", "0Gi"}, "--memory must be greater than zero"},
+		{[]string{"--gpu"}, "flag needs an argument: --gpu"},
+		{[]string{"--gpu", "0"}, `invalid --gpu "0"`},
+		{[]string{"--driver-config-json", `["kubernetes"]`}, "keyed by driver name"},
+		{[]string{"--driver-config-json", `{"kubernetes":`}, "must be valid JSON"},
+		{[]string{"--forward", "x"}, `invalid port spec "x"`},
+		{[]string{"-o", "json", "--forward", "8080"}, "--forward cannot be combined with -o json"},
+	} {
+		cf.created = nil
+		args := append([]string{"--gateway-endpoint", ep, "sandbox", "create", "--detach"}, tc.args...)
+		r := tt.run(args...)
+		if r.code() != 2 || !strings.Contains(r.err.Error(), tc.want) {
+			t.Errorf("%v: %v (code %d), want usage error containing %q", tc.args, r.err, r.code(), tc.want)
+		}
+		if cf.created != nil {
+			t.Errorf("%v: a sandbox was created", tc.args)
+		}
+	}
+}
+
+// TestCreateForward: --forward starts a background forward once the
+// sandbox is ready.
+func TestCreateForward(t *testing.T) {
+	bin := buildOpenshell(t)
+	cf := newCreateFake(openshellv1.SandboxPhase_SANDBOX_PHASE_READY)
+	ep := cf.serve(t)
+	tt := newTester(t)
+	tt.setup = func(a *app) { a.executable = func() (string, error) { return bin, nil } }
+	port := strconv.Itoa(freePort(t))
+	r := tt.run("--gateway-endpoint", ep, "sandbox", "create", "--name", "box", "--detach", "--forward", port+":8080")
+	if r.err != nil {
+		t.Fatalf("create --forward: %v (%q)", r.err, r.stderr)
+	}
+	m := regexp.MustCompile(`\(pid (\d+)\)`).FindStringSubmatch(r.stdout)
+	if m == nil || !strings.Contains(r.stdout, "Forwarding 127.0.0.1:"+port+" -> sandbox box port 8080 in the background") {
+		t.Fatalf("create --forward stdout = %q", r.stdout)
+	}
+	t.Cleanup(func() { _ = tt.run("forward", "stop", port) })
+	if !strings.Contains(r.stderr, "Sandbox box is ready\n") {
+		t.Errorf("stderr = %q", r.stderr)
+	}
+	c, err := net.Dial("tcp", "127.0.0.1:"+port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("ping via create --forward")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.(*net.TCPConn).CloseWrite()
+	got, err := io.ReadAll(c)
+	_ = c.Close()
+	if err != nil || string(got) != "ping via create --forward" {
+		t.Errorf("echo = %q (%v)", got, err)
+	}
+	if r := tt.run("forward", "list"); !strings.Contains(r.stdout, "box") || !strings.Contains(r.stdout, m[1]) {
+		t.Errorf("forward list = %q", r.stdout)
 	}
 }
