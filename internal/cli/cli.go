@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -208,7 +209,7 @@ one, openshell uses a gateway on 127.0.0.1:17670.`,
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.gatewayName, "gateway", "", "name of a registered gateway to use (env OPENSHELL_GATEWAY)")
 	pf.StringVar(&a.gatewayEndpoint, "gateway-endpoint", "", "gateway endpoint URL: http://, https:// or unix:// (env OPENSHELL_GATEWAY_ENDPOINT)")
-	pf.BoolVar(&a.gatewayInsecure, "gateway-insecure", false, "do not verify the gateway's TLS certificate")
+	pf.BoolVar(&a.gatewayInsecure, "gateway-insecure", false, "do not verify the gateway's TLS certificate (env OPENSHELL_GATEWAY_INSECURE)")
 	pf.StringVar(&a.workspace, "workspace", "", "workspace to act in (env OPENSHELL_WORKSPACE; default \"default\")")
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table, json or yaml")
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "print more detail")
@@ -253,6 +254,13 @@ func (a *app) setup(cmd *cobra.Command) error {
 	envDefault("gateway", "OPENSHELL_GATEWAY", &a.gatewayName)
 	envDefault("gateway-endpoint", "OPENSHELL_GATEWAY_ENDPOINT", &a.gatewayEndpoint)
 	envDefault("workspace", "OPENSHELL_WORKSPACE", &a.workspace)
+	if f := flags.Lookup("gateway-insecure"); (f == nil || !f.Changed) && a.getenv("OPENSHELL_GATEWAY_INSECURE") != "" {
+		v, err := strconv.ParseBool(a.getenv("OPENSHELL_GATEWAY_INSECURE"))
+		if err != nil {
+			return usagef("invalid OPENSHELL_GATEWAY_INSECURE=%q: want true or false", a.getenv("OPENSHELL_GATEWAY_INSECURE"))
+		}
+		a.gatewayInsecure = v
+	}
 	switch a.output {
 	case "table", "json", "yaml":
 	default:

@@ -128,6 +128,20 @@ func TestMTLSGateway(t *testing.T) {
 		t.Errorf("list without CA = %v", r.err)
 	}
 
+	// ... unless verification is off: --gateway-insecure or, as with
+	// OpenShell's CLI, OPENSHELL_GATEWAY_INSECURE.
+	tt2.env["OPENSHELL_GATEWAY_INSECURE"] = "true"
+	if r := tt2.run("--gateway-endpoint", ep, "sandbox", "list"); r.err == nil || strings.Contains(r.err.Error(), "unknown authority") {
+		t.Errorf("list with OPENSHELL_GATEWAY_INSECURE=true = %v, want past server verification (then refused for lack of a client certificate)", r.err)
+	}
+	if r := tt2.run("--gateway-insecure=false", "--gateway-endpoint", ep, "sandbox", "list"); r.err == nil || !strings.Contains(r.err.Error(), "unknown authority") {
+		t.Errorf("--gateway-insecure=false must win over the environment: %v", r.err)
+	}
+	tt2.env["OPENSHELL_GATEWAY_INSECURE"] = "maybe"
+	if r := tt2.run("--gateway-endpoint", ep, "sandbox", "list"); r.code() != 2 || !strings.Contains(r.err.Error(), `invalid OPENSHELL_GATEWAY_INSECURE="maybe"`) {
+		t.Errorf("bad OPENSHELL_GATEWAY_INSECURE = %v", r.err)
+	}
+
 	// The local TLS directory is picked up when nothing is registered.
 	tt3 := newTester(t)
 	tlsDir := filepath.Join(tt3.env["XDG_STATE_HOME"], "openshell", "tls")
