@@ -212,6 +212,9 @@ one, openshell uses a gateway on 127.0.0.1:17670.`,
 	pf.BoolVar(&a.gatewayInsecure, "gateway-insecure", false, "do not verify the gateway's TLS certificate (env OPENSHELL_GATEWAY_INSECURE)")
 	pf.StringVar(&a.workspace, "workspace", "", "workspace to act in (env OPENSHELL_WORKSPACE; default \"default\")")
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table, json or yaml")
+	_ = root.RegisterFlagCompletionFunc("workspace", a.completeWorkspaces)
+	_ = root.RegisterFlagCompletionFunc("gateway", a.completeGateways)
+	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "print more detail")
 	pf.BoolVar(&a.debug, "debug", false, "log RPC method names and status codes to stderr")
 

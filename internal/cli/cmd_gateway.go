@@ -149,9 +149,10 @@ func (a *app) newGatewayListCmd() *cobra.Command {
 
 func (a *app) newGatewaySelectCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "select NAME",
-		Short: "Make a gateway the default for later commands",
-		Args:  argsUsage(cobra.ExactArgs(1)),
+		Use:               "select NAME",
+		ValidArgsFunction: a.completeGateways,
+		Short:             "Make a gateway the default for later commands",
+		Args:              argsUsage(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := a.newRegistry().Select(args[0]); err != nil {
 				return err
@@ -164,10 +165,11 @@ func (a *app) newGatewaySelectCmd() *cobra.Command {
 
 func (a *app) newGatewayRemoveCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:     "remove NAME",
-		Aliases: []string{"rm"},
-		Short:   "Forget a registered gateway and its certificates",
-		Args:    argsUsage(cobra.ExactArgs(1)),
+		Use:               "remove NAME",
+		ValidArgsFunction: a.completeGateways,
+		Aliases:           []string{"rm"},
+		Short:             "Forget a registered gateway and its certificates",
+		Args:              argsUsage(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := a.newRegistry().Remove(args[0]); err != nil {
 				return err
@@ -180,9 +182,10 @@ func (a *app) newGatewayRemoveCmd() *cobra.Command {
 
 func (a *app) newGatewayInfoCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "info [NAME]",
-		Short: "Show a gateway's registration (default: the gateway commands would use)",
-		Args:  argsUsage(cobra.MaximumNArgs(1)),
+		Use:               "info [NAME]",
+		ValidArgsFunction: a.completeGateways,
+		Short:             "Show a gateway's registration (default: the gateway commands would use)",
+		Args:              argsUsage(cobra.MaximumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			reg := a.newRegistry()
 			var t gatewayTarget
@@ -222,4 +225,19 @@ func (a *app) newGatewayInfoCmd() *cobra.Command {
 			return tw.Flush()
 		},
 	}
+}
+
+// completeGateways completes registered gateway names.
+func (a *app) completeGateways(_ *cobra.Command, _ []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+	all, err := a.newRegistry().List()
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	var out []cobra.Completion
+	for _, e := range all {
+		if strings.HasPrefix(e.Name, toComplete) {
+			out = append(out, e.Name)
+		}
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
 }

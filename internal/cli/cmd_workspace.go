@@ -143,9 +143,10 @@ func (a *app) newWorkspaceListCmd() *cobra.Command {
 
 func (a *app) newWorkspaceGetCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "get NAME",
-		Short: "Show one workspace",
-		Args:  argsUsage(cobra.ExactArgs(1)),
+		Use:               "get NAME",
+		Short:             "Show one workspace",
+		Args:              argsUsage(cobra.ExactArgs(1)),
+		ValidArgsFunction: a.completeWorkspaces,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.gateway()
 			if err != nil {
@@ -175,10 +176,11 @@ func (a *app) newWorkspaceGetCmd() *cobra.Command {
 
 func (a *app) newWorkspaceDeleteCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:     "delete NAME...",
-		Aliases: []string{"rm"},
-		Short:   "Delete workspaces",
-		Args:    argsUsage(cobra.MinimumNArgs(1)),
+		Use:               "delete NAME...",
+		Aliases:           []string{"rm"},
+		Short:             "Delete workspaces",
+		Args:              argsUsage(cobra.MinimumNArgs(1)),
+		ValidArgsFunction: a.completeWorkspaces,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.gateway()
 			if err != nil {
@@ -339,4 +341,27 @@ func (a *app) newWorkspaceMemberCmd() *cobra.Command {
 
 	cmd.AddCommand(add, remove, list)
 	return cmd
+}
+
+// completeWorkspaces completes workspace names from the gateway; when the
+// gateway cannot be asked, it offers nothing (and no file names).
+func (a *app) completeWorkspaces(cmd *cobra.Command, _ []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+	if err := a.setup(cmd); err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	c, err := a.gateway()
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	resp, err := c.ListWorkspaces(cmd.Context(), &openshellv1.ListWorkspacesRequest{Limit: 1000})
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	var out []cobra.Completion
+	for _, w := range resp.GetWorkspaces() {
+		if n := w.GetMetadata().GetName(); strings.HasPrefix(n, toComplete) {
+			out = append(out, n)
+		}
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
 }

@@ -154,3 +154,28 @@ func TestStatusRealGateway(t *testing.T) {
 		t.Errorf("status after stop = %q, %v", r.stdout, r.err)
 	}
 }
+
+// TestCompletionsRealGateway: shell completion of workspace names (asked of
+// the gateway) and of registered gateway names.
+func TestCompletionsRealGateway(t *testing.T) {
+	tt, _ := realGatewayTester(t)
+	mustRun(t, tt, "workspace", "create", "team-a")
+	mustRun(t, tt, "workspace", "create", "other")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"__complete", "workspace", "get", "te"}, "team-a\n:4\n"},
+		{[]string{"__complete", "workspace", "delete", ""}, "default\nteam-a\nother\n:4\n"},
+		{[]string{"__complete", "--workspace", "t"}, "team-a\n:4\n"},
+		{[]string{"__complete", "gateway", "select", ""}, "real\n:4\n"},
+		{[]string{"__complete", "--gateway", "r"}, "real\n:4\n"},
+		{[]string{"__complete", "workspace", "member", "add", "--role", ""}, "user\nadmin\n:4\n"},
+	} {
+		r := tt.run(tc.args...)
+		got, _, _ := strings.Cut(r.stdout, "Completion ended")
+		if r.err != nil || got != tc.want {
+			t.Errorf("%v = %q (%v), want %q", tc.args, r.stdout, r.err, tc.want)
+		}
+	}
+}
