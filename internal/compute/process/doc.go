@@ -32,7 +32,8 @@
 // cpu.max, cpu.weight, memory.max, memory.low); the process is cloned
 // directly into its cgroup. A request the host cannot enforce is rejected
 // with FailedPrecondition at ValidateCreate, never ignored; so are GPUs,
-// and a runtime_class_name (a Kubernetes setting) is InvalidArgument.
+// and a runtime_class_name or annotations (Kubernetes settings) and a
+// user_namespaces request the driver cannot honour are InvalidArgument.
 //
 // # State
 //

@@ -323,6 +323,12 @@ func (d *Driver) validate(sb compute.Sandbox) (rootfs string, l limits, cgRoot s
 	if rc := spec.Template.RuntimeClassName; rc != "" {
 		return "", l, "", errdefs.InvalidArgument(fmt.Sprintf("spec.template.runtime_class_name %q is not supported by the process driver", rc))
 	}
+	if len(spec.Template.Annotations) > 0 {
+		return "", l, "", errdefs.InvalidArgument("spec.template annotations are not supported by the process driver (they are Kubernetes pod annotations)")
+	}
+	if u := spec.Template.UserNamespaces; u != nil && *u != mappedUserNS(rootfs) {
+		return "", l, "", errdefs.InvalidArgument(userNamespacesRefusal(*u, rootfs))
+	}
 	for k := range spec.Template.DriverConfig {
 		return "", l, "", errdefs.InvalidArgument(fmt.Sprintf("process driver: unknown driver_config key %q", k))
 	}
@@ -1035,4 +1041,18 @@ func (d *Driver) saveErr(sb *sandbox) error {
 		return fmt.Errorf("sandbox %q: save state: %w", sb.rec.ID, err)
 	}
 	return nil
+}
+
+// userNamespacesRefusal explains why the process driver cannot honour an
+// explicit user_namespaces request: whether a sandbox's root maps to an
+// unprivileged host id range is decided by the driver, not the request.
+func userNamespacesRefusal(want bool, rootfs string) string {
+	switch {
+	case !want:
+		return "spec.template user_namespaces=false is not supported by the process driver: sandboxes without an image always map their root to an unprivileged host id range"
+	case rootfs != "":
+		return "spec.template user_namespaces=true is not supported by the process driver for dir: images yet (their root is not mapped to an unprivileged host id range)"
+	default:
+		return "spec.template user_namespaces=true is not supported by the process driver when the gateway does not run as root (only its own id can be mapped)"
+	}
 }

@@ -193,6 +193,10 @@ func TestValidateCreateErrors(t *testing.T) {
 		{"runtime class", nil, func(sb *compute.Sandbox) {
 			sb.Spec.Template.RuntimeClassName = "kata"
 		}, codes.InvalidArgument, `spec.template.runtime_class_name "kata" is not supported by the process driver`},
+		{"annotations", nil, func(sb *compute.Sandbox) { sb.Spec.Template.Annotations = map[string]string{"a": "b"} },
+			codes.InvalidArgument, "annotations are not supported by the process driver"},
+		{"user namespaces off", nil, func(sb *compute.Sandbox) { off := false; sb.Spec.Template.UserNamespaces = &off },
+			codes.InvalidArgument, "user_namespaces=false is not supported by the process driver"},
 		{"gpu", nil, func(sb *compute.Sandbox) { sb.Spec.Template.Resources.GPUs = 1 },
 			codes.FailedPrecondition, "does not support GPUs"},
 		{"env key with =", nil, func(sb *compute.Sandbox) { sb.Spec.Environment = map[string]string{"A=B": "x"} },
@@ -219,6 +223,22 @@ func TestValidateCreateErrors(t *testing.T) {
 			}
 			assertNothingLeft(t, state, sb.ID)
 		})
+	}
+}
+
+// TestValidateCreateUserNamespacesOn: asking for what the driver does
+// anyway (a mapped user namespace, as root without an image) is accepted.
+func TestValidateCreateUserNamespacesOn(t *testing.T) {
+	requireNamespaces(t)
+	if os.Geteuid() != 0 {
+		t.Skip("only a root gateway maps sandboxes to an unprivileged id range")
+	}
+	d := open(t, t.TempDir(), nil)
+	sb := goodSandbox(computetest.NewID(), computetest.NewName())
+	on := true
+	sb.Spec.Template.UserNamespaces = &on
+	if err := d.ValidateCreate(t.Context(), sb); err != nil {
+		t.Errorf("ValidateCreate(user_namespaces=true) = %v, want nil", err)
 	}
 }
 
