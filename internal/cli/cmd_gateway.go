@@ -207,7 +207,7 @@ func (a *app) newGatewayInfoCmd() *cobra.Command {
 				return err
 			}
 			view := map[string]any{"name": t.Name, "endpoint": t.Endpoint, "chosen_by": t.Source,
-				"ca": t.CAFile, "client_cert": t.CertFile, "insecure": t.Insecure}
+				"ca": t.CAFile, "client_cert": t.CertFile, "insecure": t.Insecure, "bearer_token": t.BearerToken != ""}
 			if a.structured() {
 				return a.printPlain(view)
 			}
@@ -221,6 +221,9 @@ func (a *app) newGatewayInfoCmd() *cobra.Command {
 			}
 			if t.Insecure {
 				_, _ = fmt.Fprintf(tw, "TLS verification:\tdisabled\n")
+			}
+			if t.BearerToken != "" {
+				_, _ = fmt.Fprintf(tw, "Bearer token:\tOIDC access token from %s\n", a.newRegistry().oidcTokenPath(t.Name))
 			}
 			return tw.Flush()
 		},

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -33,6 +34,11 @@ type gatewayTarget struct {
 	KeyFile  string
 	Insecure bool   // skip TLS verification
 	Source   string // how it was chosen, for "gateway info" and -v
+	// AuthMode is the registry entry's auth_mode ("" when not registered).
+	AuthMode string
+	// BearerToken is sent as "authorization: Bearer ..." (auth_mode oidc).
+	// Never printed or logged.
+	BearerToken string
 }
 
 func (t gatewayTarget) describe() string {
@@ -58,36 +64,34 @@ func (a *app) resolveGateway() (gatewayTarget, error) {
 			if e, err := reg.Get(a.gatewayName); err == nil {
 				t.Name = e.Name
 				t.CAFile, t.CertFile, t.KeyFile = e.CAFile(), e.CertFile(), e.KeyFile()
+				if err := a.applyAuthMode(reg, e, &t); err != nil {
+					return gatewayTarget{}, err
+				}
 			}
 		}
 		return t, nil
 	}
-	fromEntry := func(e gatewayEntry, source string) gatewayTarget {
-		return gatewayTarget{
+	fromEntry := func(e gatewayEntry, source string) (gatewayTarget, error) {
+		t := gatewayTarget{
 			Name: e.Name, Endpoint: e.Endpoint,
 			CAFile: e.CAFile(), CertFile: e.CertFile(), KeyFile: e.KeyFile(),
 			Insecure: e.Insecure || a.gatewayInsecure, Source: source,
 		}
+		return t, a.applyAuthMode(reg, e, &t)
 	}
 	if a.gatewayName != "" {
 		e, err := reg.Get(a.gatewayName)
 		if err != nil {
 			return gatewayTarget{}, err
 		}
-		if err := checkAuthMode(e); err != nil {
-			return gatewayTarget{}, err
-		}
-		return fromEntry(e, "--gateway"), nil
+		return fromEntry(e, "--gateway")
 	}
 	if name := reg.Active(); name != "" {
 		e, err := reg.Get(name)
 		if err != nil {
 			return gatewayTarget{}, fmt.Errorf("active gateway %q: %w (select another with 'openshell gateway select NAME')", name, err)
 		}
-		if err := checkAuthMode(e); err != nil {
-			return gatewayTarget{}, err
-		}
-		return fromEntry(e, "active gateway"), nil
+		return fromEntry(e, "active gateway")
 	}
 	all, err := reg.List()
 	if err != nil {
@@ -97,28 +101,46 @@ func (a *app) resolveGateway() (gatewayTarget, error) {
 	case 0:
 		return a.localGateway(), nil
 	case 1:
-		if err := checkAuthMode(all[0]); err != nil {
-			return gatewayTarget{}, err
-		}
-		return fromEntry(all[0], "only registered gateway"), nil
+		return fromEntry(all[0], "only registered gateway")
 	default:
 		return gatewayTarget{}, fmt.Errorf("%d gateways are registered but none is selected: choose one with 'openshell gateway select NAME' or --gateway NAME", len(all))
 	}
 }
 
-// checkAuthMode refuses a gateway registered (by OpenShell's CLI) with an
-// auth_mode this CLI cannot authenticate with, instead of dialing it
-// without credentials.
-func checkAuthMode(e gatewayEntry) error {
-	switch m := e.effectiveAuthMode(); m {
+// applyAuthMode sets t's credentials from the entry's auth_mode: mtls and
+// plaintext need nothing more; oidc sends the access token OpenShell's CLI
+// stored at login (over https only); other modes are refused instead of
+// dialing the gateway without credentials.
+func (a *app) applyAuthMode(reg *registry, e gatewayEntry, t *gatewayTarget) error {
+	t.AuthMode = e.effectiveAuthMode()
+	switch t.AuthMode {
 	case authModeMTLS, authModePlaintext:
 		return nil
-	case authModeOIDC, authModeCloudflareJWT:
-		return fmt.Errorf("gateway %q uses auth_mode %q, which this openshell does not support yet (no 'gateway login'); use OpenShell's CLI for it, or register the gateway's mTLS endpoint", e.Name, m)
+	case authModeOIDC:
+		if !strings.HasPrefix(t.Endpoint, "https://") {
+			return fmt.Errorf("gateway %q uses OIDC, which needs an https:// endpoint, not %s", e.Name, t.Endpoint)
+		}
+		tok, err := reg.oidcAccessToken(e.Name, a.now())
+		if err != nil {
+			return err
+		}
+		t.BearerToken = tok
+		return nil
+	case authModeCloudflareJWT:
+		return fmt.Errorf("gateway %q uses auth_mode %q, which this openshell does not support yet; use OpenShell's CLI for it", e.Name, t.AuthMode)
 	default:
-		return fmt.Errorf("gateway %q: unknown auth_mode %q in %s", e.Name, m, filepath.Join(e.Dir, "metadata.json"))
+		return fmt.Errorf("gateway %q: unknown auth_mode %q in %s", e.Name, t.AuthMode, filepath.Join(e.Dir, "metadata.json"))
 	}
 }
+
+// bearerCredentials sends a bearer token with every RPC, over TLS only.
+type bearerCredentials struct{ token string }
+
+func (b bearerCredentials) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + b.token}, nil
+}
+
+func (bearerCredentials) RequireTransportSecurity() bool { return true }
 
 // localTLSDir is where openshell-gateway generate-certs leaves client
 // material for the local gateway.
@@ -213,12 +235,15 @@ func (a *app) gateway() (openshellv1.OpenShellClient, error) {
 	if a.verbose {
 		_, _ = fmt.Fprintf(a.stderr, "using %s (%s)\n", t.describe(), t.Source)
 	}
-	conn, err := grpc.NewClient(target,
-		grpc.WithTransportCredentials(creds),
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if t.BearerToken != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearerCredentials{token: t.BearerToken}))
+	}
+	conn, err := grpc.NewClient(target, append(opts,
 		grpc.WithChainUnaryInterceptor(a.debugUnary),
 		grpc.WithChainStreamInterceptor(a.debugStream),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
-	)
+	)...)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/openshell-go/openshell/internal/atomicfile"
 )
@@ -449,4 +450,42 @@ func (r *registry) Remove(name string) error {
 		}
 	}
 	return nil
+}
+
+// oidcTokenBundle is gateways/<name>/oidc_token.json as OpenShell's CLI
+// writes it after 'openshell gateway login' (always in the user root).
+type oidcTokenBundle struct {
+	AccessToken  string `json:"access_token"`
+	RefreshToken string `json:"refresh_token,omitempty"`
+	ExpiresAt    *int64 `json:"expires_at,omitempty"` // unix seconds
+	Issuer       string `json:"issuer"`
+	ClientID     string `json:"client_id"`
+}
+
+// oidcTokenPath is where OpenShell's CLI keeps a gateway's OIDC tokens.
+func (r *registry) oidcTokenPath(name string) string {
+	return filepath.Join(r.gatewaysDir(r.userDir), name, "oidc_token.json")
+}
+
+// oidcAccessToken returns the stored access token of an auth_mode "oidc"
+// gateway. This CLI cannot log in or refresh yet: a missing or expiring
+// token (OpenShell's rule: expired 30 s before expires_at) is an error that
+// says so, never a request without credentials.
+func (r *registry) oidcAccessToken(name string, now time.Time) (string, error) {
+	path := r.oidcTokenPath(name)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("OIDC credentials for gateway %q are missing (%s): log in with OpenShell's CLI ('openshell gateway login %s'); this openshell cannot log in yet", name, path, name)
+	}
+	if err != nil {
+		return "", fmt.Errorf("gateway %q: read OIDC credentials: %w", name, err)
+	}
+	var tb oidcTokenBundle
+	if err := json.Unmarshal(b, &tb); err != nil || tb.AccessToken == "" {
+		return "", fmt.Errorf("gateway %q: %s holds no access_token", name, path)
+	}
+	if tb.ExpiresAt != nil && now.Unix()+30 >= *tb.ExpiresAt {
+		return "", fmt.Errorf("the OIDC access token for gateway %q expired at %s: log in again with OpenShell's CLI ('openshell gateway login %s'); this openshell cannot refresh tokens yet", name, time.Unix(*tb.ExpiresAt, 0).UTC().Format(time.RFC3339), name)
+	}
+	return tb.AccessToken, nil
 }

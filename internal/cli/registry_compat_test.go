@@ -110,10 +110,13 @@ func TestRegistryReadsOpenShellFiles(t *testing.T) {
 			t.Errorf("%s resolved to %v with cert %v, want %s with %q", tc.gw, got["endpoint"], got["client_cert"], tc.endpoint, tc.cert)
 		}
 	}
-	for _, gw := range []string{"oidc-gw", "edge-gw"} {
+	for gw, want := range map[string]string{
+		"oidc-gw": `OIDC credentials for gateway "oidc-gw" are missing`,
+		"edge-gw": `gateway "edge-gw" uses auth_mode "cloudflare_jwt", which this openshell does not support yet`,
+	} {
 		r := tt.run("--gateway", gw, "gateway", "info")
-		if r.err == nil || !strings.Contains(r.err.Error(), "does not support yet") {
-			t.Errorf("%s: want a refusal naming the unsupported auth_mode, got %v", gw, r.err)
+		if r.err == nil || !strings.Contains(r.err.Error(), want) {
+			t.Errorf("%s: got %v, want a refusal containing %q", gw, r.err, want)
 		}
 	}
 	// Reading never rewrites OpenShell's files.

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -8,16 +9,22 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 )
@@ -189,5 +196,78 @@ func TestUnixSocketEndpoint(t *testing.T) {
 	r := newTester(t).run("--gateway-endpoint", "unix://"+sock, "sandbox", "list", "--names")
 	if r.err != nil || r.stdout != "alpha\nbeta-longer-name\n" {
 		t.Errorf("list over unix socket = %q (%v)", r.stdout, r.err)
+	}
+}
+
+// TestOIDCGatewayUsesStoredToken: a gateway registered by OpenShell's CLI
+// with auth_mode "oidc" is called with the access token its 'gateway login'
+// stored in oidc_token.json; a missing or expired token is an error naming
+// the fix, and a rejected token makes status report "not authenticated".
+func TestOIDCGatewayUsesStoredToken(t *testing.T) {
+	p := newTestPKI(t)
+	f := listFake()
+	var mu sync.Mutex
+	var seen []string
+	f.getGatewayInfo = func(ctx context.Context, _ *openshellv1.GetGatewayInfoRequest) (*openshellv1.GetGatewayInfoResponse, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		mu.Lock()
+		seen = append(seen, strings.Join(md.Get("authorization"), ","))
+		mu.Unlock()
+		if got := md.Get("authorization"); len(got) != 1 || got[0] != "Bearer good-token" {
+			return nil, status.Error(codes.Unauthenticated, "invalid token: signature")
+		}
+		return &openshellv1.GetGatewayInfoResponse{GatewayVersion: "v1"}, nil
+	}
+	ep := p.serveMTLS(t, f)
+	tt := newTester(t)
+	dir := filepath.Join(tt.env["XDG_CONFIG_HOME"], "openshell", "gateways", "corp")
+	writeFile(t, filepath.Join(dir, "metadata.json"), `{
+  "name": "corp",
+  "gateway_endpoint": "`+ep+`",
+  "is_remote": true,
+  "gateway_port": 0,
+  "auth_mode": "oidc",
+  "oidc_issuer": "https://idp.example/realms/openshell",
+  "oidc_client_id": "openshell-cli"
+}`)
+	for src, dst := range map[string]string{p.caPEM: "ca.crt", p.clientCrt: "tls.crt", p.clientKeyPEM: "tls.key"} {
+		b, _ := os.ReadFile(src)
+		writeFile(t, filepath.Join(dir, "mtls", dst), string(b))
+	}
+	token := func(tok string, expiresAt time.Time) {
+		writeFile(t, filepath.Join(dir, "oidc_token.json"), fmt.Sprintf(`{
+  "access_token": %q,
+  "refresh_token": "r",
+  "expires_at": %d,
+  "issuer": "https://idp.example/realms/openshell",
+  "client_id": "openshell-cli"
+}`, tok, expiresAt.Unix()))
+	}
+
+	if r := tt.run("--gateway", "corp", "status"); r.err == nil || !strings.Contains(r.err.Error(), "OIDC credentials for gateway \"corp\" are missing") {
+		t.Errorf("status without a token = %v", r.err)
+	}
+	token("good-token", fixedNow.Add(10*time.Second)) // within OpenShell's 30 s margin
+	if r := tt.run("--gateway", "corp", "status"); r.err == nil || !strings.Contains(r.err.Error(), "expired at") {
+		t.Errorf("status with an expiring token = %v", r.err)
+	}
+	token("good-token", fixedNow.Add(time.Hour))
+	r := tt.run("--gateway", "corp", "status")
+	if r.err != nil || !strings.Contains(r.stdout, "Auth:       authenticated\n") {
+		t.Errorf("status with a good token = %q (%v)", r.stdout, r.err)
+	}
+	if r := tt.run("--gateway", "corp", "gateway", "info"); strings.Contains(r.stdout, "good-token") || !strings.Contains(r.stdout, "OIDC access token from") {
+		t.Errorf("gateway info must name the token file, never the token: %q", r.stdout)
+	}
+	token("stale-token", fixedNow.Add(time.Hour))
+	r = tt.run("--gateway", "corp", "status")
+	if r.err != nil || !strings.Contains(r.stdout, "Auth:       not authenticated: invalid token: signature\n") ||
+		!strings.Contains(r.stdout, "hint: the gateway did not accept the OIDC access token of gateway \"corp\"") {
+		t.Errorf("status with a rejected token = %q (%v)", r.stdout, r.err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if diff := cmp.Diff([]string{"Bearer good-token", "Bearer stale-token"}, seen); diff != "" {
+		t.Errorf("authorization headers (-want +got):\n%s", diff)
 	}
 }
