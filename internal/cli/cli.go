@@ -101,6 +101,12 @@ type app struct {
 	target *gatewayTarget
 	conn   *grpc.ClientConn
 	client openshellv1.OpenShellClient
+
+	// probeWithoutCredentials lets 'status' dial a gateway whose stored
+	// credentials cannot be used (credentialsErr says why), to report
+	// whether it is reachable.
+	probeWithoutCredentials bool
+	credentialsErr          error
 }
 
 func newApp(stdin io.Reader, stdout, stderr io.Writer) *app {

@@ -73,6 +73,13 @@ func (a *app) probeStatus(ctx context.Context, c openshellv1.OpenShellClient) (g
 		return gatewayStatus{}, a.rpcError(err, "")
 	}
 	st.Health, st.Version = healthName(h.GetStatus()), h.GetVersion()
+	if a.credentialsErr != nil {
+		// Reachable, but the stored credentials could not be sent.
+		st.Auth = "not_authenticated"
+		st.AuthError = a.credentialsErr.Error()
+		st.Hint = fmt.Sprintf("log in with OpenShell's CLI: 'openshell gateway login %s'", a.target.Name)
+		return st, nil
+	}
 	info, err := c.GetGatewayInfo(ctx, &openshellv1.GetGatewayInfoRequest{})
 	switch status.Code(err) {
 	case codes.OK:
@@ -172,6 +179,7 @@ hint on how to authenticate (exit code 0: the gateway is reachable). An
 unreachable gateway is an error (exit code 1).`,
 		Args: argsUsage(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			a.probeWithoutCredentials = true
 			c, err := a.gateway()
 			if err != nil {
 				return err

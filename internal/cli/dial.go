@@ -122,6 +122,10 @@ func (a *app) applyAuthMode(reg *registry, e gatewayEntry, t *gatewayTarget) err
 		}
 		tok, err := reg.oidcAccessToken(e.Name, a.now())
 		if err != nil {
+			if a.probeWithoutCredentials {
+				a.credentialsErr = err
+				return nil
+			}
 			return err
 		}
 		t.BearerToken = tok

@@ -244,12 +244,22 @@ func TestOIDCGatewayUsesStoredToken(t *testing.T) {
 }`, tok, expiresAt.Unix()))
 	}
 
-	if r := tt.run("--gateway", "corp", "status"); r.err == nil || !strings.Contains(r.err.Error(), "OIDC credentials for gateway \"corp\" are missing") {
-		t.Errorf("status without a token = %v", r.err)
+	if r := tt.run("--gateway", "corp", "sandbox", "list"); r.err == nil || !strings.Contains(r.err.Error(), "OIDC credentials for gateway \"corp\" are missing") {
+		t.Errorf("sandbox list without a token = %v", r.err)
+	}
+	// status still probes the gateway, as OpenShell's does, and says why it
+	// is not authenticated.
+	if r := tt.run("--gateway", "corp", "status"); r.err != nil || !strings.Contains(r.stdout, "Status:     Connected\n") ||
+		!strings.Contains(r.stdout, "Auth:       not authenticated: OIDC credentials for gateway \"corp\" are missing") ||
+		!strings.Contains(r.stdout, "hint: log in with OpenShell's CLI: 'openshell gateway login corp'") {
+		t.Errorf("status without a token = %q (%v)", r.stdout, r.err)
 	}
 	token("good-token", fixedNow.Add(10*time.Second)) // within OpenShell's 30 s margin
-	if r := tt.run("--gateway", "corp", "status"); r.err == nil || !strings.Contains(r.err.Error(), "expired at") {
-		t.Errorf("status with an expiring token = %v", r.err)
+	if r := tt.run("--gateway", "corp", "sandbox", "list"); r.err == nil || !strings.Contains(r.err.Error(), "expired at") {
+		t.Errorf("sandbox list with an expiring token = %v", r.err)
+	}
+	if r := tt.run("--gateway", "corp", "status"); r.err != nil || !strings.Contains(r.stdout, "Auth:       not authenticated: the OIDC access token for gateway \"corp\" expired at") {
+		t.Errorf("status with an expiring token = %q (%v)", r.stdout, r.err)
 	}
 	token("good-token", fixedNow.Add(time.Hour))
 	r := tt.run("--gateway", "corp", "status")
