@@ -103,10 +103,10 @@ type app struct {
 	client openshellv1.OpenShellClient
 
 	// probeWithoutCredentials lets 'status' dial a gateway whose stored
-	// credentials cannot be used (credentialsErr says why), to report
+	// credentials cannot be used (credentialsProblem says why), to report
 	// whether it is reachable.
 	probeWithoutCredentials bool
-	credentialsErr          error
+	credentialsProblem      string
 }
 
 func newApp(stdin io.Reader, stdout, stderr io.Writer) *app {

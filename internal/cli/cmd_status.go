@@ -73,10 +73,10 @@ func (a *app) probeStatus(ctx context.Context, c openshellv1.OpenShellClient) (g
 		return gatewayStatus{}, a.rpcError(err, "")
 	}
 	st.Health, st.Version = healthName(h.GetStatus()), h.GetVersion()
-	if a.credentialsErr != nil {
+	if a.credentialsProblem != "" {
 		// Reachable, but the stored credentials could not be sent.
 		st.Auth = "not_authenticated"
-		st.AuthError = a.credentialsErr.Error()
+		st.AuthError = a.credentialsProblem
 		st.Hint = fmt.Sprintf("log in with OpenShell's CLI: 'openshell gateway login %s'", a.target.Name)
 		return st, nil
 	}

@@ -123,7 +123,7 @@ func (a *app) applyAuthMode(reg *registry, e gatewayEntry, t *gatewayTarget) err
 		tok, err := reg.oidcAccessToken(e.Name, a.now())
 		if err != nil {
 			if a.probeWithoutCredentials {
-				a.credentialsErr = err
+				a.credentialsProblem = err.Error()
 				return nil
 			}
 			return err
