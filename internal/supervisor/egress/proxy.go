@@ -92,20 +92,27 @@ func New(cfg Config, snap *Snapshot) *Proxy {
 // on; connections already decided keep their decision.
 func (p *Proxy) SetSnapshot(snap *Snapshot) { p.snap.Store(snap) }
 
-// Serve accepts connections on ln until it is closed, then closes the
+// Serve accepts connections on ln until it is closed (other accept errors
+// are retried with backoff), then closes the
 // connections in flight (an idle tunnel would otherwise hold the
 // supervisor's shutdown) and waits for their handlers.
 func (p *Proxy) Serve(ln net.Listener) error {
 	defer p.wg.Wait()
 	defer p.closeAll()
+	var delay time.Duration
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			return err
+			// Out of descriptors (an agent holding many connections) and
+			// the like pass: keep serving, as net/http does.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			time.Sleep(delay)
+			continue
 		}
+		delay = 0
 		if !p.track(c) {
 			c.Close()
 			continue

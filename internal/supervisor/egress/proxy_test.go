@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -130,6 +131,7 @@ func connect(t *testing.T, proxy *url.URL, authority string) (int, string) {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second)) // a proxy that stopped answering fails the test
 	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", authority, authority)
 	br := bufio.NewReader(c)
 	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
@@ -265,6 +267,46 @@ func TestProxyEveryHolderDecides(t *testing.T) {
 		if code != tt.code || !strings.Contains(body, tt.reason) {
 			t.Errorf("holders %v: %d %q, want %d with %q", tt.exes, code, body, tt.code, tt.reason)
 		}
+	}
+}
+
+// flakyListener fails its first Accept calls like a process out of file
+// descriptors.
+type flakyListener struct {
+	net.Listener
+	mu    sync.Mutex
+	fails int
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	if l.fails > 0 {
+		l.fails--
+		l.mu.Unlock()
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	l.mu.Unlock()
+	return l.Listener.Accept()
+}
+
+// TestProxySurvivesAcceptErrors: EMFILE from accept does not end the proxy.
+func TestProxySurvivesAcceptErrors(t *testing.T) {
+	port := upstream(t)
+	s, _ := Compile(curlRules(port, "127.0.0.1"))
+	p := New(Config{Resolver: loopbackResolver("allowed.test"), Identify: fixedCaller("/usr/bin/curl"), Dial: loopbackDial}, s)
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := &flakyListener{Listener: inner, fails: 3}
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ln) }()
+	if code, _ := connect(t, &url.URL{Host: inner.Addr().String()}, fmt.Sprintf("allowed.test:%d", port)); code != 200 {
+		t.Errorf("CONNECT after accept errors = %d, want 200", code)
+	}
+	inner.Close()
+	if err := <-done; err != nil {
+		t.Errorf("Serve: %v", err)
 	}
 }
 
