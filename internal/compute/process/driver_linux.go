@@ -161,8 +161,10 @@ func (d *Driver) recover() error {
 		if rec.PID > 0 {
 			h, err := openPid(rec.PID, rec.StartTime)
 			if err == nil {
-				d.attach(sb, h)
+				// The proxy first: attach starts the monitor, which
+				// closes it under d.mu when the supervisor exits.
 				d.resumeProxyLocked(sb)
+				d.attach(sb, h)
 				d.logger.Info("re-attached to running supervisor", "sandbox_id", rec.ID, "pid", rec.PID)
 				continue
 			}
@@ -187,8 +189,8 @@ func (d *Driver) recover() error {
 			if h, err := openPid(pid, 0); err == nil {
 				sb.rec.PID, sb.rec.StartTime = h.pid, h.startTime
 				d.save(sb)
-				d.attach(sb, h)
 				d.resumeProxyLocked(sb)
+				d.attach(sb, h)
 				d.logger.Info("found unrecorded supervisor", "sandbox_id", sb.rec.ID, "pid", pid)
 				continue
 			}
