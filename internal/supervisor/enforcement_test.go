@@ -58,7 +58,8 @@ func TestEnforcement(t *testing.T) {
 }
 
 // TestEgressLoadReports: network rules are LOADED only when the proxy runs
-// and enforces every endpoint; an L7 endpoint is named in the reason.
+// and enforces every endpoint: a protocol rest endpoint (plain HTTP) is
+// LOADED, a tls: terminate endpoint is named in the FAILED reason.
 func TestEgressLoadReports(t *testing.T) {
 	plain := &sandboxv1.SandboxPolicy{NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{
 		"gh": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.github.com", Port: 443}}, Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/git"}}}}}
@@ -68,7 +69,13 @@ func TestEgressLoadReports(t *testing.T) {
 	if err := enforcement(plain, nil, running.load(plain)); err != nil {
 		t.Errorf("plain rules with a running proxy: %v, want LOADED", err)
 	}
-	want := `network policies are not enforced as written: rule "gh" endpoint "api.github.com" asks for protocol "rest", tls "terminate", access: ` +
+	rest := &sandboxv1.SandboxPolicy{NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{
+		"gh": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.github.com", Port: 80, Protocol: "rest", Enforcement: "enforce", Access: "read-only",
+			DenyRules: []*sandboxv1.L7DenyRule{{Method: "GET", Path: "/admin/**"}}}}, Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/curl"}}}}}
+	if err := enforcement(rest, nil, running.load(rest)); err != nil {
+		t.Errorf("protocol rest rules with a running proxy: %v, want LOADED", err)
+	}
+	want := `network policies are not enforced as written: rule "gh" endpoint "api.github.com" asks for tls "terminate" (TLS termination is not implemented): ` +
 		`not implemented by the egress proxy, those endpoints are denied (rules: gh)`
 	if err := enforcement(l7, nil, running.load(l7)); err == nil || err.Error() != want {
 		t.Errorf("L7 rules = %v, want %q", err, want)

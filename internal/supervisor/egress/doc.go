@@ -2,9 +2,9 @@
 // sandbox whose network namespace has nothing but loopback.
 //
 // Agent processes reach it through HTTP_PROXY/HTTPS_PROXY/ALL_PROXY on a
-// loopback address inside the sandbox's network namespace. For each client
-// connection (an HTTP CONNECT or one absolute-form http:// request) the
-// proxy
+// loopback address inside the sandbox's network namespace. For each HTTP
+// CONNECT and each absolute-form http:// request (connections are kept
+// alive; every request is decided on its own) the proxy
 //
 //  1. identifies the processes holding the client socket (identify_linux.go:
 //     the TCP tuple to the socket inode through /proc/net/tcp{,6}, the inode
@@ -18,7 +18,11 @@
 //     addresses unless the matching endpoint's allowed_ips names them, and
 //     dials only the checked addresses (no DNS rebinding between check and
 //     dial);
-//  4. reports the decision as an Event and counts denials in Denials.
+//  4. for endpoints with protocol rest, inspects each plain HTTP request's
+//     method, canonical path and query against the endpoints' allow and
+//     deny rules (l7.go; deny wins, enforce answers 403, audit forwards);
+//     a CONNECT tunnel to such an endpoint is refused;
+//  5. reports the decision as an Event and counts denials in Denials.
 //
 // Dialing happens outside the sandbox's network namespace through the
 // Config.Dial function; the supervisor uses package hostdial for it.

@@ -141,7 +141,7 @@ func TestCompileRefusesWhatIsNotEnforced(t *testing.T) {
 	if d := s.Decide(Request{Host: "plain.example.com", Port: 443, Exe: "/bin/x"}); !d.Allow {
 		t.Errorf("the plain endpoint next to an L7 one was denied: %+v", d)
 	}
-	if want := `rule "l7" endpoint "api.example.com" asks for protocol "rest", tls "terminate", access: not implemented by the egress proxy, those endpoints are denied`; err.Error() != want {
+	if want := `rule "l7" endpoint "api.example.com" asks for tls "terminate" (TLS termination is not implemented): not implemented by the egress proxy, those endpoints are denied`; err.Error() != want {
 		t.Errorf("error = %q, want %q", err, want)
 	}
 	if _, err := Compile(map[string]*sandboxv1.NetworkPolicyRule{"t": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "a.example.com", Port: 443, Protocol: "tcp", Tls: "passthrough"}}}}); err != nil {

@@ -27,6 +27,7 @@ type endpoint struct {
 	host       string // selector as written ("" = hostless, allowed_ips only)
 	ports      []uint32
 	allowedIPs []netip.Prefix
+	l7         *l7Endpoint // protocol rest: requests are inspected
 }
 
 // Request is what one connection asks for.
@@ -51,6 +52,10 @@ type Decision struct {
 	// Hostless: the match came from an endpoint without a host, which
 	// only allows destinations inside AllowedIPs.
 	Hostless bool
+	// l7 are the REST endpoints (protocol rest) matching host and port in
+	// every rule that allows the caller: when any, each HTTP request is
+	// inspected against them and a CONNECT tunnel is refused.
+	l7 []*l7Endpoint
 }
 
 // Compile builds a Snapshot from network_policies. It also returns an
@@ -79,6 +84,14 @@ func Compile(rules map[string]*sandboxv1.NetworkPolicyRule) (*Snapshot, error) {
 				continue
 			}
 			ce := endpoint{host: ep.GetHost(), ports: ep.GetPorts()}
+			if strings.EqualFold(ep.GetProtocol(), "rest") {
+				l, ps := compileL7(ep)
+				if len(ps) > 0 {
+					problems = append(problems, fmt.Sprintf("rule %q endpoint %q: %s", name, ep.GetHost(), strings.Join(ps, ", ")))
+					continue
+				}
+				ce.l7 = l
+			}
 			if len(ce.ports) == 0 && ep.GetPort() != 0 {
 				ce.ports = []uint32{ep.GetPort()}
 			}
@@ -104,24 +117,27 @@ func Compile(rules map[string]*sandboxv1.NetworkPolicyRule) (*Snapshot, error) {
 }
 
 // unsupported lists what an endpoint asks for beyond host, port(s),
-// allowed_ips and the rule's binaries: L7 inspection, TLS termination,
-// credential handling.
+// allowed_ips, the rule's binaries and REST inspection of plain HTTP
+// (protocol rest): other L7 protocols, TLS termination, credential
+// handling.
 func unsupported(ep *sandboxv1.NetworkEndpoint) []string {
 	var out []string
-	if p := ep.GetProtocol(); p != "" && !strings.EqualFold(p, "tcp") {
+	rest := strings.EqualFold(ep.GetProtocol(), "rest")
+	if p := ep.GetProtocol(); p != "" && !strings.EqualFold(p, "tcp") && !rest {
 		out = append(out, fmt.Sprintf("protocol %q", p))
 	}
 	if t := ep.GetTls(); t != "" && t != "passthrough" {
-		out = append(out, fmt.Sprintf("tls %q", t))
+		out = append(out, fmt.Sprintf("tls %q (TLS termination is not implemented)", t))
 	}
 	for _, f := range []struct {
 		set  bool
 		name string
 	}{
-		{ep.GetEnforcement() != "", "enforcement"},
-		{ep.GetAccess() != "", "access"},
-		{len(ep.GetRules()) > 0, "rules"},
-		{len(ep.GetDenyRules()) > 0, "deny_rules"},
+		{!rest && ep.GetEnforcement() != "", "enforcement without protocol rest"},
+		{!rest && ep.GetAccess() != "", "access without protocol rest"},
+		{!rest && len(ep.GetRules()) > 0, "rules without protocol rest"},
+		{!rest && len(ep.GetDenyRules()) > 0, "deny_rules without protocol rest"},
+		{!rest && ep.GetAllowEncodedSlash(), "allow_encoded_slash without protocol rest"},
 		{ep.GetPath() != "", "path"},
 		{ep.GetCredentialSigning() != "" || ep.GetCredentialBinding() != nil || ep.GetWebsocketCredentialRewrite() ||
 			ep.GetRequestBodyCredentialRewrite() || ep.GetProviderCredentialed() || ep.GetAllowUninspectedCredentials(), "credential handling"},
@@ -151,40 +167,34 @@ func parsePrefix(s string) (netip.Prefix, error) {
 
 // Decide evaluates r in OpenShell's order: a rule matches when one of its
 // endpoints matches host and port and one of its binaries matches the
-// executable or an ancestor's; the first matching rule by name wins. It
-// allocates only for the denial reason.
+// executable or an ancestor's; the first matching rule by name wins (its
+// name and allowed_ips are the decision's). It allocates only for the
+// denial reason and the allowed addresses.
 func (s *Snapshot) Decide(r Request) Decision {
 	endpointHit := ""
+	var d Decision
 	for i := range s.rules {
 		ru := &s.rules[i]
-		var ips []netip.Prefix
-		hit, hostless := false, true
-		for j := range ru.endpoints {
-			ep := &ru.endpoints[j]
-			if !slices.Contains(ep.ports, r.Port) {
-				continue
-			}
-			if ep.host == "" {
-				if len(ep.allowedIPs) == 0 {
-					continue
-				}
-			} else if !hostMatches(ep.host, r.Host) {
-				continue
-			} else {
-				hostless = false
-			}
-			hit = true
-			ips = append(ips, ep.allowedIPs...)
-		}
+		hit, ips, hostless, l7 := ru.match(r)
 		if !hit {
 			continue
 		}
 		if endpointHit == "" {
 			endpointHit = ru.name
 		}
-		if ru.binaryAllowed(r) {
-			return Decision{Allow: true, Policy: ru.name, AllowedIPs: ips, Hostless: hostless}
+		if !ru.binaryAllowed(r) {
+			continue
 		}
+		if !d.Allow {
+			d = Decision{Allow: true, Policy: ru.name, AllowedIPs: ips, Hostless: hostless}
+		}
+		// Every rule allowing the caller contributes its REST endpoints
+		// (OpenShell's allow_request and deny_request range over all of
+		// them).
+		d.l7 = append(d.l7, l7...)
+	}
+	if d.Allow {
+		return d
 	}
 	if len(s.rules) == 0 {
 		return Decision{Reason: "network connections not allowed by policy"}
@@ -193,6 +203,34 @@ func (s *Snapshot) Decide(r Request) Decision {
 		return Decision{Reason: fmt.Sprintf("binary '%s' not allowed in policy '%s'", r.Exe, endpointHit)}
 	}
 	return Decision{Reason: fmt.Sprintf("endpoint %s:%d is not allowed by any policy", r.Host, r.Port)}
+}
+
+// match reports whether an endpoint of ru matches r's host and port, the
+// union of the matching endpoints' allowed_ips, whether all of them are
+// hostless, and their REST inspections.
+func (ru *rule) match(r Request) (hit bool, ips []netip.Prefix, hostless bool, l7 []*l7Endpoint) {
+	hostless = true
+	for j := range ru.endpoints {
+		ep := &ru.endpoints[j]
+		if !slices.Contains(ep.ports, r.Port) {
+			continue
+		}
+		if ep.host == "" {
+			if len(ep.allowedIPs) == 0 {
+				continue
+			}
+		} else if !hostMatches(ep.host, r.Host) {
+			continue
+		} else {
+			hostless = false
+		}
+		hit = true
+		ips = append(ips, ep.allowedIPs...)
+		if ep.l7 != nil {
+			l7 = append(l7, ep.l7)
+		}
+	}
+	return hit, ips, hostless, l7
 }
 
 func (ru *rule) binaryAllowed(r Request) bool {

@@ -3,12 +3,14 @@ package egress
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,23 +48,27 @@ type Config struct {
 	DialTimeout time.Duration
 }
 
-// Event is one decision, as logged. It never carries credentials, paths,
-// query strings or bodies.
+// Event is one decision, as logged. It never carries credentials, query
+// strings, headers or bodies.
 type Event struct {
-	Time     time.Time
-	Kind     string // "connect" or "http"
-	Binary   string
-	PID      int
-	Host     string
-	IP       string // the address dialed ("" when denied before dialing)
-	Port     uint32
-	Policy   string
-	Decision string // "allow" or "deny"
+	Time   time.Time
+	Kind   string // "connect" or "http"
+	Binary string
+	PID    int
+	Host   string
+	IP     string // the address dialed ("" when denied before dialing)
+	Port   uint32
+	Policy string
+	// Method and Path are set for http requests: the method and, for
+	// endpoints with protocol rest, the canonical path (never the query).
+	Method   string
+	Path     string
+	Decision string // "allow", "deny" or "audit" (a REST violation logged and allowed)
 	Reason   string
 }
 
-// Proxy is the sandbox's egress proxy: HTTP CONNECT and absolute-form
-// forward HTTP, one policy decision per client connection.
+// Proxy is the sandbox's egress proxy: HTTP CONNECT (one decision per
+// tunnel) and absolute-form forward HTTP (one decision per request).
 type Proxy struct {
 	cfg     Config
 	snap    atomic.Pointer[Snapshot]
@@ -155,44 +161,59 @@ func (p *Proxy) closeAll() {
 
 const headerTimeout = 30 * time.Second
 
+// Header limits (OpenShell's architecture/sandbox-limits.md): the first
+// request of a connection (CONNECT or HTTP) may carry 8 KiB of headers,
+// a later request on a kept-alive connection 16 KiB. Bodies are streamed,
+// never buffered.
+const (
+	connectHeaderLimit = 8 << 10
+	httpHeaderLimit    = 16 << 10
+	bufSize            = 4096
+)
+
 func (p *Proxy) handle(c net.Conn) {
 	defer c.Close()
-	_ = c.SetReadDeadline(time.Now().Add(headerTimeout))
-	br := bufio.NewReader(c)
-	req, err := http.ReadRequest(br)
-	if err != nil {
-		writeStatus(c, http.StatusBadRequest, "malformed proxy request")
+	cr := &capReader{r: c}
+	br := bufio.NewReaderSize(cr, bufSize)
+	req, status, msg := readRequest(c, cr, br, connectHeaderLimit)
+	if req == nil {
+		writeStatus(c, status, msg)
 		return
 	}
-	_ = c.SetReadDeadline(time.Time{})
-	ev := Event{Kind: "http"}
-	var host string
-	var port uint32
-	if req.Method == http.MethodConnect {
-		ev.Kind = "connect"
-		host, port, err = splitHostPort(req.Host, 0)
-	} else {
-		if req.URL.Scheme != "http" || req.URL.Host == "" {
-			writeStatus(c, http.StatusBadRequest, "the proxy takes CONNECT or absolute-form http:// requests")
-			return
-		}
-		host, port, err = splitHostPort(req.URL.Host, 80)
+	var callers []Caller
+	var idErr error
+	if p.cfg.Identify != nil {
+		callers, idErr = p.identify(c)
 	}
+	if len(callers) == 0 {
+		callers = []Caller{{}}
+	}
+	if req.Method != http.MethodConnect {
+		p.serveHTTP(c, cr, br, req, callers, idErr)
+		return
+	}
+	ev := Event{Kind: "connect"}
+	host, port, err := splitHostPort(req.Host, 0)
 	if err != nil {
 		writeStatus(c, http.StatusBadRequest, err.Error())
 		return
 	}
 	ev.Host, ev.Port = host, port
-
-	upstream, status := p.decideAndDial(c, host, port, &ev)
-	ev.Time = time.Now()
-	if p.cfg.OnEvent != nil {
-		p.cfg.OnEvent(ev)
-	}
-	if upstream == nil {
-		if ev.Decision == "deny" {
-			p.Denials.Add(ev.Binary, host, port)
+	decisions, status := p.decide(callers, idErr, host, port, &ev)
+	var upstream net.Conn
+	for _, d := range decisions {
+		if len(d.l7) > 0 {
+			ev.Decision, ev.Reason = "deny", fmt.Sprintf("endpoint %s:%d has protocol rest: its requests are inspected only as plain http:// through the proxy, CONNECT tunnels (TLS termination) are not inspected", host, port)
+			status = http.StatusForbidden
+			decisions = nil
+			break
 		}
+	}
+	if decisions != nil {
+		upstream, status = p.dial(decisions, host, port, &ev)
+	}
+	p.emit(&ev)
+	if upstream == nil {
 		writeStatus(c, status, ev.Reason)
 		return
 	}
@@ -201,43 +222,248 @@ func (p *Proxy) handle(c net.Conn) {
 		return
 	}
 	defer p.untrack(upstream)
-	if req.Method == http.MethodConnect {
-		if _, err := io.WriteString(c, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
-			return
-		}
-		splice(c, br, upstream)
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
 		return
 	}
-	forward(c, req, upstream)
+	splice(c, br, upstream)
 }
 
-// decideAndDial identifies the caller, decides, resolves once, applies the
-// SSRF guard and dials a checked address. On failure it returns nil and
-// the HTTP status to answer; ev carries the decision either way.
-func (p *Proxy) decideAndDial(c net.Conn, host string, port uint32, ev *Event) (net.Conn, int) {
-	deny := func(status int, format string, args ...any) (net.Conn, int) {
+// capReader lets the request reader bound header sizes: while limit > 0,
+// reads stop (hit) once limit bytes came through.
+type capReader struct {
+	r     io.Reader
+	n     int64 // bytes read so far
+	limit int64 // absolute n at which reads stop (0: unlimited)
+	hit   bool
+}
+
+func (r *capReader) Read(b []byte) (int, error) {
+	if r.limit > 0 {
+		left := r.limit - r.n
+		if left <= 0 {
+			r.hit = true
+			return 0, errHeaderTooLarge
+		}
+		if int64(len(b)) > left {
+			b = b[:left]
+		}
+	}
+	n, err := r.r.Read(b)
+	r.n += int64(n)
+	return n, err
+}
+
+var errHeaderTooLarge = errors.New("request headers too large")
+
+// readRequest reads one request whose header (request line and fields)
+// may be at most limit bytes. On failure it returns nil and the status
+// and text to answer (status 0: the client closed between requests).
+func readRequest(c net.Conn, cr *capReader, br *bufio.Reader, limit int64) (*http.Request, int, string) {
+	_ = c.SetReadDeadline(time.Now().Add(headerTimeout))
+	start := cr.n - int64(br.Buffered())
+	cr.limit, cr.hit = start+limit+bufSize, false
+	req, err := http.ReadRequest(br)
+	used := cr.n - int64(br.Buffered()) - start
+	cr.limit = 0
+	_ = c.SetReadDeadline(time.Time{})
+	switch {
+	case cr.hit || (err == nil && used > limit):
+		return nil, http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("request headers exceed %d bytes", limit)
+	case err != nil && used == 0:
+		return nil, 0, ""
+	case err != nil:
+		return nil, http.StatusBadRequest, "malformed proxy request"
+	}
+	return req, 0, ""
+}
+
+// serveHTTP forwards absolute-form http:// requests of one client
+// connection, deciding each request on its own (the connection is kept
+// alive when client and upstream allow it): the caller's network decision
+// against the current snapshot, then, for endpoints with protocol rest,
+// the request's method, path and query. The upstream connection is reused
+// while requests name the same host and port.
+func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http.Request, callers []Caller, idErr error) {
+	var up net.Conn
+	var upBR *bufio.Reader
+	var upHost, upIP string
+	var upPort uint32
+	defer func() {
+		if up != nil {
+			up.Close()
+			p.untrack(up)
+		}
+	}()
+	for {
+		if req.URL.Scheme != "http" || req.URL.Host == "" {
+			writeStatus(c, http.StatusBadRequest, "the proxy takes CONNECT or absolute-form http:// requests")
+			return
+		}
+		host, port, err := splitHostPort(req.URL.Host, 80)
+		if err != nil {
+			writeStatus(c, http.StatusBadRequest, err.Error())
+			return
+		}
+		ev := Event{Kind: "http", Host: host, Port: port, Method: req.Method}
+		decisions, status := p.decide(callers, idErr, host, port, &ev)
+		if decisions == nil {
+			p.emit(&ev)
+			writeStatus(c, status, ev.Reason)
+			return
+		}
+		var inspect []*l7Endpoint
+		for _, d := range decisions {
+			inspect = append(inspect, d.l7...)
+		}
+		if len(inspect) > 0 {
+			if !p.inspect(c, req, decisions, &ev) {
+				return
+			}
+		}
+		if up == nil || upHost != host || upPort != port {
+			if up != nil {
+				up.Close()
+				p.untrack(up)
+				up = nil
+			}
+			conn, status := p.dial(decisions, host, port, &ev)
+			if conn == nil {
+				p.emit(&ev)
+				writeStatus(c, status, ev.Reason)
+				return
+			}
+			if !p.track(conn) {
+				conn.Close()
+				return
+			}
+			up, upBR, upHost, upPort, upIP = conn, bufio.NewReader(conn), host, port, ev.IP
+		} else {
+			ev.IP = upIP
+			if ev.Decision == "" {
+				ev.Decision = "allow"
+			}
+		}
+		p.emit(&ev)
+		if !forward(c, req, up, upBR) {
+			return
+		}
+		req, status, _ = readRequest(c, cr, br, httpHeaderLimit)
+		if req == nil {
+			if status != 0 {
+				writeStatus(c, status, fmt.Sprintf("request headers exceed %d bytes", httpHeaderLimit))
+			}
+			return
+		}
+	}
+}
+
+// inspect applies the REST rules of decisions to req. It returns false
+// when the request is refused (the answer is written, the connection
+// ends); an audited violation returns true with ev.Decision "audit".
+func (p *Proxy) inspect(c net.Conn, req *http.Request, decisions []Decision, ev *Event) bool {
+	allowSlash := true
+	for _, d := range decisions {
+		for _, l := range d.l7 {
+			allowSlash = allowSlash && l.allowEncodedSlash
+		}
+	}
+	path, err := canonicalPath(req.URL.EscapedPath(), allowSlash)
+	if err != nil {
+		ev.Decision, ev.Reason = "deny", err.Error()
+		p.emit(ev)
+		writeStatus(c, http.StatusBadRequest, err.Error())
+		return false
+	}
+	ev.Path = path
+	q, err := url.ParseQuery(req.URL.RawQuery)
+	if err != nil {
+		ev.Decision, ev.Reason = "deny", "request-target has a malformed query"
+		p.emit(ev)
+		writeStatus(c, http.StatusBadRequest, ev.Reason)
+		return false
+	}
+	lr := &l7Request{method: req.Method, path: path, query: q}
+	// Every holder of the socket must be allowed, as for the connection.
+	for _, d := range decisions {
+		if len(d.l7) == 0 {
+			continue // this holder's rule has no REST endpoint: not inspected
+		}
+		v := decideL7(d.l7, lr)
+		if v.allowed {
+			continue
+		}
+		ev.Reason = v.reason
+		if !v.enforce {
+			ev.Decision = "audit"
+			continue
+		}
+		ev.Decision = "deny"
+		p.emit(ev)
+		writeL7Deny(c, ev)
+		return false
+	}
+	// Send the path that was decided on, not the client's spelling.
+	req.URL.Opaque = path
+	return true
+}
+
+// writeL7Deny answers an enforced REST denial as OpenShell does: 403 with
+// a JSON body naming the policy, method, path (no query) and reason.
+func writeL7Deny(c net.Conn, ev *Event) {
+	body, _ := json.Marshal(map[string]any{
+		"error": "policy_denied", "policy": ev.Policy, "rule": ev.Method + " " + ev.Path, "detail": ev.Reason,
+		"layer": "l7", "protocol": "rest", "method": ev.Method, "path": ev.Path,
+		"host": ev.Host, "port": ev.Port, "binary": ev.Binary,
+	})
+	_, _ = fmt.Fprintf(c, "HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\nContent-Length: %d\r\nX-OpenShell-Policy: %s\r\nConnection: close\r\n\r\n%s",
+		len(body), headerSafe(ev.Policy), body)
+}
+
+func headerSafe(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return -1
+		}
+		return r
+	}, s)
+}
+
+// emit stamps ev, reports it and counts a denial.
+func (p *Proxy) emit(ev *Event) {
+	ev.Time = time.Now()
+	if p.cfg.OnEvent != nil {
+		p.cfg.OnEvent(*ev)
+	}
+	if ev.Decision == "deny" {
+		p.Denials.Add(ev.Binary, ev.Host, ev.Port)
+	}
+}
+
+// identify names the processes holding the client end of c.
+func (p *Proxy) identify(c net.Conn) ([]Caller, error) {
+	client, err1 := netip.ParseAddrPort(c.RemoteAddr().String())
+	server, err2 := netip.ParseAddrPort(c.LocalAddr().String())
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, err
+	}
+	return p.cfg.Identify(netip.AddrPortFrom(client.Addr().Unmap(), client.Port()), netip.AddrPortFrom(server.Addr().Unmap(), server.Port()))
+}
+
+// decide decides host:port for every caller against the current snapshot.
+// On denial it returns nil and the status to answer; ev carries the
+// decision's binary, pid, policy and (on denial) reason either way.
+func (p *Proxy) decide(callers []Caller, idErr error, host string, port uint32, ev *Event) ([]Decision, int) {
+	deny := func(format string, args ...any) ([]Decision, int) {
 		ev.Decision, ev.Reason = "deny", fmt.Sprintf(format, args...)
-		return nil, status
+		return nil, http.StatusForbidden
 	}
-	var callers []Caller
-	if p.cfg.Identify != nil {
-		client, err1 := netip.ParseAddrPort(c.RemoteAddr().String())
-		server, err2 := netip.ParseAddrPort(c.LocalAddr().String())
-		if err := errors.Join(err1, err2); err != nil {
-			return deny(http.StatusForbidden, "cannot identify the calling process: %v", err)
-		}
-		var err error
-		if callers, err = p.cfg.Identify(netip.AddrPortFrom(client.Addr().Unmap(), client.Port()), netip.AddrPortFrom(server.Addr().Unmap(), server.Port())); err != nil {
-			return deny(http.StatusForbidden, "cannot identify the calling process: %v", err)
-		}
-	}
-	if len(callers) == 0 {
-		callers = []Caller{{}}
+	if idErr != nil {
+		return deny("cannot identify the calling process: %v", idErr)
 	}
 	ev.Binary, ev.PID = callers[0].Exe, callers[0].PID
 	snap := p.snap.Load()
 	if snap == nil {
-		return deny(http.StatusForbidden, "no network policy loaded")
+		return deny("no network policy loaded")
 	}
 	// Every process holding the socket must be allowed: a socket handed
 	// to an allowed binary by another process gains nothing.
@@ -245,16 +471,27 @@ func (p *Proxy) decideAndDial(c net.Conn, host string, port uint32, ev *Event) (
 	for _, cl := range callers {
 		if cl.Err != nil {
 			ev.Binary, ev.PID = cl.Exe, cl.PID
-			return deny(http.StatusForbidden, "%v", cl.Err)
+			return deny("%v", cl.Err)
 		}
 		di := snap.Decide(Request{Host: host, Port: port, Exe: cl.Exe, Ancestors: cl.Ancestors})
 		if !di.Allow {
 			ev.Binary, ev.PID, ev.Policy = cl.Exe, cl.PID, ""
-			return deny(http.StatusForbidden, "%s", di.Reason)
+			return deny("%s", di.Reason)
 		}
 		decisions = append(decisions, di)
 	}
 	ev.Policy = decisions[0].Policy
+	return decisions, 0
+}
+
+// dial resolves host once, applies the SSRF guard for every decision and
+// dials a checked address. On failure it returns nil and the HTTP status
+// to answer, with ev's decision and reason set.
+func (p *Proxy) dial(decisions []Decision, host string, port uint32, ev *Event) (net.Conn, int) {
+	deny := func(status int, format string, args ...any) (net.Conn, int) {
+		ev.Decision, ev.Reason = "deny", fmt.Sprintf(format, args...)
+		return nil, status
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.DialTimeout)
 	defer cancel()
 	addrs, err := resolve(ctx, p.cfg.Resolver, host)
@@ -270,12 +507,18 @@ func (p *Proxy) decideAndDial(c net.Conn, host string, port uint32, ev *Event) (
 	for _, a := range addrs {
 		up, err := p.cfg.Dial(ctx, netip.AddrPortFrom(a.Unmap(), uint16(port)))
 		if err == nil {
-			ev.Decision, ev.IP = "allow", a.Unmap().String()
+			if ev.Decision == "" {
+				ev.Decision = "allow"
+			}
+			ev.IP = a.Unmap().String()
 			return up, 0
 		}
 		last = err
 	}
-	ev.Decision, ev.Reason = "allow", fmt.Sprintf("upstream unreachable: %v", last)
+	if ev.Decision == "" {
+		ev.Decision = "allow"
+	}
+	ev.Reason = fmt.Sprintf("upstream unreachable: %v", last)
 	return nil, http.StatusBadGateway
 }
 
@@ -339,9 +582,10 @@ func closeWrite(c net.Conn) {
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
 // forward sends one absolute-form request upstream in origin form and
-// relays the response. The connection closes afterwards: the next request
-// is a new connection and a new decision.
-func forward(c net.Conn, req *http.Request, up net.Conn) {
+// relays the response. It reports whether the client connection may carry
+// another request (neither side asked to close and both messages ended
+// cleanly).
+func forward(c net.Conn, req *http.Request, up net.Conn, upBR *bufio.Reader) bool {
 	for _, h := range req.Header.Values("Connection") {
 		for _, name := range strings.Split(h, ",") {
 			req.Header.Del(strings.TrimSpace(name))
@@ -354,10 +598,23 @@ func forward(c net.Conn, req *http.Request, up net.Conn) {
 	// header for absolute-form requests), so the upstream sees the host
 	// the decision was about.
 	req.RequestURI = ""
-	req.Close = true
 	if err := req.Write(up); err != nil {
 		writeStatus(c, http.StatusBadGateway, "upstream write failed")
-		return
+		return false
 	}
-	_, _ = io.Copy(c, up)
+	resp, err := http.ReadResponse(upBR, req)
+	if err != nil {
+		writeStatus(c, http.StatusBadGateway, "malformed upstream response")
+		return false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// Upgrade was removed from the request: a switch is not relayed.
+		writeStatus(c, http.StatusBadGateway, "upstream switched protocols")
+		return false
+	}
+	if err := resp.Write(c); err != nil {
+		return false
+	}
+	return !req.Close && !resp.Close
 }
