@@ -39,6 +39,7 @@ func (a *app) newSandboxCmd() *cobra.Command {
 		a.newSandboxExecCmd(),
 		a.newSandboxConnectCmd(),
 		a.newSSHConfigCmd(),
+		a.newSandboxProviderCmd(),
 	)
 	return cmd
 }

@@ -343,25 +343,14 @@ func (a *app) newWorkspaceMemberCmd() *cobra.Command {
 	return cmd
 }
 
-// completeWorkspaces completes workspace names from the gateway; when the
-// gateway cannot be asked, it offers nothing (and no file names).
+// completeWorkspaces completes workspace names from the gateway.
 func (a *app) completeWorkspaces(cmd *cobra.Command, _ []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
-	if err := a.setup(cmd); err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	c, err := a.gateway()
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	resp, err := c.ListWorkspaces(cmd.Context(), &openshellv1.ListWorkspacesRequest{Limit: 1000})
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	var out []cobra.Completion
-	for _, w := range resp.GetWorkspaces() {
-		if n := w.GetMetadata().GetName(); strings.HasPrefix(n, toComplete) {
-			out = append(out, n)
+	return a.completeNames(cmd, toComplete, func(c openshellv1.OpenShellClient) ([]string, error) {
+		resp, err := c.ListWorkspaces(cmd.Context(), &openshellv1.ListWorkspacesRequest{Limit: 1000})
+		var out []string
+		for _, w := range resp.GetWorkspaces() {
+			out = append(out, w.GetMetadata().GetName())
 		}
-	}
-	return out, cobra.ShellCompDirectiveNoFileComp
+		return out, err
+	})
 }

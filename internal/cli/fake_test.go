@@ -165,12 +165,19 @@ func (f *fakeGateway) GetSandboxLogs(ctx context.Context, r *openshellv1.GetSand
 // serve starts f on a loopback port and returns its http:// endpoint.
 func (f *fakeGateway) serve(t testing.TB) string {
 	t.Helper()
+	return serveOpenShell(t, f)
+}
+
+// serveOpenShell serves srv over gRPC on loopback until the test ends and
+// returns its endpoint.
+func serveOpenShell(t testing.TB, impl openshellv1.OpenShellServer) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("listen: %v", err)
 	}
 	srv := grpc.NewServer()
-	openshellv1.RegisterOpenShellServer(srv, f)
+	openshellv1.RegisterOpenShellServer(srv, impl)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
