@@ -222,3 +222,29 @@ func TestProxyL7RefusesWhatItCannotInspect(t *testing.T) {
 		t.Errorf("upstream saw %q, want only GET /ok", seen)
 	}
 }
+
+// A request with Expect: 100-continue gets the interim 100 and then the
+// final response, and the connection stays usable.
+func TestProxyRelaysInterimResponses(t *testing.T) {
+	up := newRecordingUpstream(t)
+	tp := startProxy(t, Config{Resolver: loopbackResolver("api.test"), Identify: fixedCaller("/usr/bin/curl")},
+		restRules(up.port, func(ep *sandboxv1.NetworkEndpoint) { ep.Access = "read-write" }))
+	rc := dialProxy(t, tp)
+	fmt.Fprintf(rc.c, "POST http://api.test:%d/x HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n", up.port)
+	if code := rc.readStatus(t); code != http.StatusContinue {
+		t.Fatalf("first response = %d, want 100", code)
+	}
+	fmt.Fprint(rc.c, "data")
+	resp, err := http.ReadResponse(rc.br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "ok POST /x data" {
+		t.Fatalf("final response = %d %q, want 200 from the upstream", resp.StatusCode, b)
+	}
+	if r, _ := rc.do(t, "GET", fmt.Sprintf("http://api.test:%d/y", up.port), ""); r.StatusCode != 200 {
+		t.Errorf("next request = %d, want 200", r.StatusCode)
+	}
+}

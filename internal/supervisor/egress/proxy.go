@@ -598,22 +598,53 @@ func forward(c net.Conn, req *http.Request, up net.Conn, upBR *bufio.Reader) boo
 	// header for absolute-form requests), so the upstream sees the host
 	// the decision was about.
 	req.RequestURI = ""
-	if err := req.Write(up); err != nil {
-		writeStatus(c, http.StatusBadGateway, "upstream write failed")
-		return false
+	// The request is written while the response is read: an upstream
+	// answering 100 Continue waits for a body the client sends only after
+	// that answer.
+	werr := make(chan error, 1)
+	go func() { werr <- req.Write(up) }()
+	// writeDone waits for the writer; one still blocked (an early final
+	// answer, a body never sent) is unblocked by failing its client read,
+	// and the connection is not reused.
+	writeDone := func() bool {
+		t := time.NewTimer(time.Second)
+		defer t.Stop()
+		select {
+		case err := <-werr:
+			return err == nil
+		case <-t.C:
+			_ = c.SetReadDeadline(time.Now())
+			<-werr
+			return false
+		}
 	}
 	resp, err := http.ReadResponse(upBR, req)
+	// Interim responses (100 Continue, 103 Early Hints) are relayed and
+	// the final one follows.
+	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+		if err = resp.Write(c); err != nil {
+			break
+		}
+		resp, err = http.ReadResponse(upBR, req)
+	}
 	if err != nil {
-		writeStatus(c, http.StatusBadGateway, "malformed upstream response")
+		writeStatus(c, http.StatusBadGateway, "no valid upstream response")
+		_ = up.Close() // unblocks the writer
+		writeDone()
 		return false
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// Upgrade was removed from the request: a switch is not relayed.
 		writeStatus(c, http.StatusBadGateway, "upstream switched protocols")
+		writeDone()
 		return false
 	}
 	if err := resp.Write(c); err != nil {
+		writeDone()
+		return false
+	}
+	if !writeDone() {
 		return false
 	}
 	return !req.Close && !resp.Close
