@@ -3,9 +3,9 @@
 //
 // Go cannot run code between fork and exec, so every agent process is
 // started through a trampoline: the supervisor re-executes its own binary
-// (/proc/self/exe) with argv[0] set to [TrampolineArg0]; this package's
-// init function recognises that name and never returns to the program's
-// main. The trampoline reads a JSON [Spec] from fd 3 and, on one locked OS
+// (/proc/self/exe) with argv[0] set to [TrampolineArg0]; the init function
+// of the trampoline subpackage (imported by this one) recognises that name
+// and never returns to the program's main. The trampoline reads a JSON [Spec] from fd 3 and, on one locked OS
 // thread, while still root:
 //
 //  1. marks every descriptor above stderr close-on-exec, opens the

@@ -8,7 +8,21 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+
+	"github.com/openshell-go/openshell/internal/supervisor/isolation/trampoline"
 )
+
+// TrampolineArg0 is argv[0] of the supervisor binary re-executed as the
+// agent trampoline.
+const TrampolineArg0 = trampoline.Arg0
+
+// Spec is what the trampoline is told over fd 3.
+type Spec = trampoline.Spec
+
+// trampolineEnv is the trampoline's own environment (the agent gets the
+// spec's): a short-lived Go program that needs no second processor and no
+// garbage collection before it execve's.
+var trampolineEnv = []string{"GOGC=off", "GOMAXPROCS=1"}
 
 // selfExe is the binary the trampoline runs from. /proc/self/exe stays
 // valid after the supervisor pivots into a rootfs.
@@ -64,7 +78,7 @@ func (c *Confinement) Command(argv, env []string, dir string) (*exec.Cmd, *Launc
 	cmd := &exec.Cmd{
 		Path:       selfExe,
 		Args:       []string{TrampolineArg0},
-		Env:        []string{},
+		Env:        trampolineEnv,
 		ExtraFiles: []*os.File{l.specR, l.status}, // fds 3 and 4
 	}
 	return cmd, l, nil

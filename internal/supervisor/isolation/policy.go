@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+	"github.com/openshell-go/openshell/internal/supervisor/isolation/trampoline"
 )
 
 // SandboxUser is the name of the unprivileged user the agent runs as by
@@ -41,12 +42,7 @@ type User struct {
 }
 
 // Path is one Landlock rule path.
-type Path struct {
-	Path string `json:"path"`
-	// Optional paths (the supervisor's baseline and defaults) are skipped
-	// when they cannot be opened, whatever the compatibility mode.
-	Optional bool `json:"optional,omitempty"`
-}
+type Path = trampoline.Path
 
 // Confinement is what every agent process of a sandbox runs under. It is
 // built once from the sandbox policy by FromPolicy and used read-only

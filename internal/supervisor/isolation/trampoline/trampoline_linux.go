@@ -1,4 +1,4 @@
-package isolation
+package trampoline
 
 import (
 	"encoding/json"
@@ -11,33 +11,11 @@ import (
 	"strconv"
 	"strings"
 
-	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
 	"golang.org/x/sys/unix"
 )
 
-// TrampolineArg0 is argv[0] of the supervisor binary re-executed as the
-// agent trampoline.
-const TrampolineArg0 = "openshell-sandbox-agent-exec"
-
-// File descriptors of the trampoline: the spec to read, and the status
-// pipe that carries an error, or closes empty on a successful execve.
-const (
-	specFD   = 3
-	statusFD = 4
-)
-
-// Spec is what the trampoline is told over fd 3.
-type Spec struct {
-	Argv     []string     `json:"argv"`
-	Env      []string     `json:"env"`
-	Dir      string       `json:"dir,omitempty"`
-	UID      uint32       `json:"uid"`
-	GID      uint32       `json:"gid"`
-	Landlock LandlockSpec `json:"landlock"`
-}
-
 func init() {
-	if len(os.Args) == 1 && os.Args[0] == TrampolineArg0 {
+	if len(os.Args) == 1 && os.Args[0] == Arg0 {
 		trampolineMain()
 	}
 }
@@ -48,16 +26,16 @@ func trampolineMain() {
 	// Per-thread state (the bounding set read back, the thread that
 	// execve's) stays on this thread; it is never unlocked.
 	runtime.LockOSThread()
-	status := os.NewFile(statusFD, "status")
+	status := os.NewFile(StatusFD, "status")
 	defer func() {
 		if r := recover(); r != nil {
 			fail(status, fmt.Errorf("agent trampoline panicked: %v", r))
 		}
 	}()
-	if _, err := unix.FcntlInt(statusFD, unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
+	if _, err := unix.FcntlInt(StatusFD, unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
 		os.Exit(126) // no status channel: the supervisor sees an empty exit
 	}
-	err := confineAndExec(os.NewFile(specFD, "spec"))
+	err := confineAndExec(os.NewFile(SpecFD, "spec"))
 	fail(status, err)
 }
 
@@ -91,7 +69,7 @@ func confineAndExec(specFile *os.File) error {
 	}
 	// Rule paths are opened while still root, so a path the agent could
 	// not open itself can still be granted (DAC applies on top).
-	rulesetFD, _, err := buildRuleset(s.Landlock, LandlockABI())
+	rulesetFD, _, err := BuildRuleset(s.Landlock, LandlockABI())
 	if err != nil {
 		return err
 	}
@@ -102,7 +80,7 @@ func confineAndExec(specFile *os.File) error {
 		return err
 	}
 	if rulesetFD >= 0 {
-		if err := ll.AllThreadsLandlockRestrictSelf(rulesetFD, 0); err != nil {
+		if err := landlockRestrictAllThreads(rulesetFD); err != nil {
 			return fmt.Errorf("landlock_restrict_self: %w", err)
 		}
 		unix.Close(rulesetFD) //nolint:errcheck // enforced; the descriptor is no longer needed

@@ -1,0 +1,17 @@
+// Package trampoline is the agent side of package isolation: the code that
+// runs in the re-executed supervisor binary, confines it and execve's the
+// agent (the steps are listed in package isolation's documentation).
+//
+// It is a package of its own so that its init function runs as early as
+// possible in the re-executed binary. Go initialises packages in import
+// path order, each one as soon as everything it imports is initialised, so
+// this package imports only the standard library, golang.org/x/sys/unix and
+// golang.org/x/net/bpf: not the policy types (which pull in protobuf), and
+// not go-landlock or psx (kernel.org sorts after google.golang.org, which
+// would initialise the protobuf and gRPC packages first). The Landlock
+// system calls are therefore made here directly, and psx is used only in
+// cgo builds, where the runtime refuses syscall.AllThreadsSyscall.
+//
+// The trampoline runs with GOGC=off and GOMAXPROCS=1 in its own
+// environment (the agent gets the spec's environment).
+package trampoline
