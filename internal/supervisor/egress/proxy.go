@@ -603,9 +603,9 @@ func forward(c net.Conn, req *http.Request, up net.Conn, upBR *bufio.Reader) boo
 	// that answer.
 	werr := make(chan error, 1)
 	go func() { werr <- req.Write(up) }()
-	// writeDone waits for the writer; one still blocked (an early final
-	// answer, a body never sent) is unblocked by failing its client read,
-	// and the connection is not reused.
+	// writeDone waits for the writer and reports whether it sent the whole
+	// request; one still blocked after a second (an early final answer, a
+	// body never sent) is unblocked by failing its client read.
 	writeDone := func() bool {
 		t := time.NewTimer(time.Second)
 		defer t.Stop()
@@ -614,8 +614,10 @@ func forward(c net.Conn, req *http.Request, up net.Conn, upBR *bufio.Reader) boo
 			return err == nil
 		case <-t.C:
 			_ = c.SetReadDeadline(time.Now())
-			<-werr
-			return false
+			// A writer that still completes sent the whole request;
+			// readRequest sets a new deadline for the next one.
+			err := <-werr
+			return err == nil
 		}
 	}
 	resp, err := http.ReadResponse(upBR, req)
