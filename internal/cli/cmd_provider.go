@@ -78,6 +78,37 @@ func (a *app) parseCredentials(vals []string) (map[string]string, error) {
 	return m, nil
 }
 
+// fromExisting collects, for --from-existing, the credentials of provider
+// type typ found in openshell's own environment: each environment variable
+// the type's profile names for a credential, keyed by the variable's name.
+// explicit (--credential) entries win over discovered ones.
+func (a *app) fromExisting(cmd *cobra.Command, c openshellv1.OpenShellClient, typ string, explicit map[string]string) (map[string]string, error) {
+	resp, err := c.GetProviderProfile(cmd.Context(), &openshellv1.GetProviderProfileRequest{Id: typ, Workspace: a.ws()})
+	if err != nil {
+		return nil, a.rpcError(err, fmt.Sprintf("provider profile %q", typ))
+	}
+	out := make(map[string]string, len(explicit))
+	var names []string
+	for _, cr := range resp.GetProfile().GetCredentials() {
+		for _, env := range cr.GetEnvVars() {
+			names = append(names, env)
+			if v, ok := a.lookupEnv(env); ok && v != "" {
+				out[env] = v
+			}
+		}
+	}
+	if len(out) == 0 {
+		if len(names) == 0 {
+			return nil, usagef("--from-existing: provider type %s names no environment variables; give --credential KEY=VALUE", typ)
+		}
+		return nil, usagef("--from-existing: none of the environment variables of provider type %s is set (%s)", typ, strings.Join(names, ", "))
+	}
+	for k, v := range explicit {
+		out[k] = v
+	}
+	return out, nil
+}
+
 // redactProvider returns a copy of p whose credential values are REDACTED,
 // whatever the gateway sent.
 func redactProvider(p *datamodelv1.Provider) *datamodelv1.Provider {
@@ -149,6 +180,7 @@ func (a *app) newProviderCreateCmd() *cobra.Command {
 	var (
 		name, typ     string
 		creds, config []string
+		existing      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "create [NAME] --type TYPE [--credential KEY[=VALUE]...] [--config KEY=VALUE...]",
@@ -156,7 +188,10 @@ func (a *app) newProviderCreateCmd() *cobra.Command {
 		Long: `Create a provider. --type names a provider profile ('openshell provider
 list-profiles'). --credential KEY=VALUE stores a credential; a bare
 --credential KEY takes the value of the environment variable KEY of this
-process, which keeps the value off the command line.`,
+process, which keeps the value off the command line. --from-existing takes
+every credential of the type's profile that is set in the environment of
+this process, under the profile's environment variable names
+('openshell provider list-profiles -o yaml' shows them).`,
 		Example: "  export OPENAI_API_KEY=...\n  openshell provider create work-openai --type openai --credential OPENAI_API_KEY\n  openshell provider create --name gh --type github --credential GITHUB_TOKEN --config org=acme",
 		Args:    argsUsage(cobra.MaximumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -183,6 +218,11 @@ process, which keeps the value off the command line.`,
 			if err != nil {
 				return err
 			}
+			if existing {
+				if cr, err = a.fromExisting(cmd, c, typ, cr); err != nil {
+					return err
+				}
+			}
 			resp, err := c.CreateProvider(cmd.Context(), &openshellv1.CreateProviderRequest{
 				Workspace: a.ws(),
 				Provider: &datamodelv1.Provider{
@@ -207,6 +247,7 @@ process, which keeps the value off the command line.`,
 	f.StringVar(&typ, "type", "", "provider type: a profile id such as openai, anthropic, github")
 	f.StringArrayVar(&creds, "credential", nil, "credential KEY=VALUE, or KEY to read the value from the environment (repeatable)")
 	f.StringArrayVar(&config, "config", nil, "configuration KEY=VALUE (repeatable)")
+	f.BoolVar(&existing, "from-existing", false, "read the type's credentials from this process's environment")
 	_ = cmd.RegisterFlagCompletionFunc("type", a.completeProviderTypes)
 	return cmd
 }
@@ -280,21 +321,25 @@ func (a *app) newProviderListCmd() *cobra.Command {
 }
 
 func (a *app) newProviderUpdateCmd() *cobra.Command {
-	var creds, config []string
+	var (
+		creds, config []string
+		existing      bool
+	)
 	cmd := &cobra.Command{
-		Use:   "update NAME [--credential KEY[=VALUE]...] [--config KEY=VALUE...]",
+		Use:   "update NAME [--credential KEY[=VALUE]...] [--config KEY=VALUE...] [--from-existing]",
 		Short: "Change a provider's credentials or configuration",
 		Long: `Change a provider's credentials or configuration, key by key: keys not named
 keep their values. --credential KEY=VALUE sets a credential, a bare
 --credential KEY takes the value of the environment variable KEY of this
 process, and KEY= (empty value) removes the key; the same holds for --config.
-The type cannot change.`,
+--from-existing sets every credential of the provider's type that is set in
+the environment of this process. The type cannot change.`,
 		Example:           "  openshell provider update work-openai --credential OPENAI_API_KEY\n  openshell provider update gh --config org=",
 		Args:              argsUsage(cobra.ExactArgs(1)),
 		ValidArgsFunction: a.completeProviders,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if len(creds) == 0 && len(config) == 0 {
-				return usagef("nothing to update: give --credential or --config")
+			if len(creds) == 0 && len(config) == 0 && !existing {
+				return usagef("nothing to update: give --credential, --config or --from-existing")
 			}
 			cr, err := a.parseCredentials(creds)
 			if err != nil {
@@ -307,6 +352,15 @@ The type cannot change.`,
 			c, err := a.gateway()
 			if err != nil {
 				return err
+			}
+			if existing {
+				cur, err := c.GetProvider(cmd.Context(), &openshellv1.GetProviderRequest{Name: args[0], Workspace: a.ws()})
+				if err != nil {
+					return a.rpcError(err, providerWhat(args[0]))
+				}
+				if cr, err = a.fromExisting(cmd, c, cur.GetProvider().GetType(), cr); err != nil {
+					return err
+				}
 			}
 			resp, err := c.UpdateProvider(cmd.Context(), &openshellv1.UpdateProviderRequest{
 				Workspace: a.ws(),
@@ -329,6 +383,7 @@ The type cannot change.`,
 	f := cmd.Flags()
 	f.StringArrayVar(&creds, "credential", nil, "credential KEY=VALUE, KEY to read the value from the environment, or KEY= to remove it (repeatable)")
 	f.StringArrayVar(&config, "config", nil, "configuration KEY=VALUE, or KEY= to remove it (repeatable)")
+	f.BoolVar(&existing, "from-existing", false, "read the type's credentials from this process's environment")
 	return cmd
 }
 

@@ -74,6 +74,23 @@ func TestProviderCommandsRealGateway(t *testing.T) {
 		t.Errorf("config key not removed: %s", out)
 	}
 
+	// --from-existing: the profile's environment variables (github:
+	// GITHUB_TOKEN, GH_TOKEN) found in the CLI's environment.
+	if r := run("provider", "create", "gh", "--type", "github", "--from-existing"); r.code() != 2 || !strings.Contains(r.err.Error(), "none of the environment variables of provider type github is set (GITHUB_TOKEN, GH_TOKEN)") {
+		t.Errorf("from-existing with nothing set: %v", r.err)
+	}
+	tt.env["GH_TOKEN"] = secret + "-gh"
+	must("provider", "create", "gh", "--type", "github", "--from-existing")
+	if out := squash(must("provider", "get", "gh")); !strings.Contains(out, "Credential keys: GH_TOKEN\n") {
+		t.Errorf("from-existing get = %s", out)
+	}
+	tt.env["GITHUB_TOKEN"] = secret + "-github"
+	must("provider", "update", "gh", "--from-existing")
+	if out := squash(must("provider", "get", "gh")); !strings.Contains(out, "Credential keys: GH_TOKEN,GITHUB_TOKEN\n") {
+		t.Errorf("update --from-existing get = %s", out)
+	}
+	must("provider", "delete", "gh")
+
 	// Completion of provider names.
 	r := run("__complete", "provider", "get", "wo")
 	if got, _, _ := strings.Cut(r.stdout, "Completion ended"); got != "work-openai\n:4\n" {
