@@ -30,23 +30,7 @@ import (
 // log stream. Then live reload: allow, a FAILED version that keeps the
 // previous rules, and back to deny, each within 2 s.
 func TestEgressProxy(t *testing.T) {
-	curl, err := exec.LookPath("curl")
-	if err == nil {
-		curl, err = filepath.EvalSymlinks(curl)
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("curl is required: %v", err)
-		}
-		t.Skip("curl not installed")
-	}
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "upstream saw %s", r.Host)
-	}))
-	defer upstream.Close()
-	_, port, _ := net.SplitHostPort(upstream.Listener.Addr().String())
-	var portN uint32
-	fmt.Sscan(port, &portN)
+	curl, port, portN := egressUpstream(t)
 
 	g := Start(t, Options{Env: []string{"OPENSHELL_EGRESS_TEST_HOSTS=allowed.test=127.0.0.1,other.egress.test=127.0.0.1,internal.egress.test=127.0.0.1"}})
 	c := g.Client()
@@ -242,5 +226,97 @@ func TestEgressProxy(t *testing.T) {
 	update(pol, openshellv1.PolicyStatus_POLICY_STATUS_LOADED)
 	if got := curlOther(); got != "403" {
 		t.Errorf("after the reload back to the first rules: curl other.egress.test = %q, want 403", got)
+	}
+}
+
+// egressUpstream returns curl's resolved path (the test fails under
+// CI=true without it) and the port of a loopback upstream in the host's
+// namespace that answers "upstream saw <Host>"; it stops with the test.
+func egressUpstream(t *testing.T) (curl, port string, portN uint32) {
+	t.Helper()
+	curl, err := exec.LookPath("curl")
+	if err == nil {
+		curl, err = filepath.EvalSymlinks(curl)
+	}
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("curl is required: %v", err)
+		}
+		t.Skip("curl not installed")
+	}
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "upstream saw %s", r.Host)
+	}))
+	t.Cleanup(upstream.Close)
+	_, port, _ = net.SplitHostPort(upstream.Listener.Addr().String())
+	fmt.Sscan(port, &portN)
+	return curl, port, portN
+}
+
+// TestEgressProxyAfterGatewayRestart: the supervisor's egress proxy
+// reaches upstream through the process driver's host dialer. A gateway
+// killed and started again re-attaches the running supervisor, whose
+// inherited dialer channel died with the old gateway: the agent's
+// request through the proxy must succeed again (the supervisor reconnects
+// to the dialer socket the new gateway serves).
+func TestEgressProxyAfterGatewayRestart(t *testing.T) {
+	curl, port, portN := egressUpstream(t)
+
+	env := []string{"OPENSHELL_EGRESS_TEST_HOSTS=allowed.test=127.0.0.1"}
+	g := Start(t, Options{Env: env})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	pol := &sandboxv1.SandboxPolicy{
+		Version: 1,
+		Filesystem: &sandboxv1.FilesystemPolicy{
+			IncludeWorkdir: true,
+			ReadOnly:       []string{"/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"},
+			ReadWrite:      []string{"/tmp"},
+		},
+		Landlock: &sandboxv1.LandlockPolicy{Compatibility: "best_effort"},
+		Process:  &sandboxv1.ProcessPolicy{RunAsUser: "sandbox", RunAsGroup: "sandbox"},
+		NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{
+			"upstream": {
+				Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "allowed.test", Port: portN, AllowedIps: []string{"127.0.0.1"}}},
+				Binaries:  []*sandboxv1.NetworkBinary{{Path: curl}},
+			},
+		},
+	}
+	created, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "egress-restart", Spec: &openshellv1.SandboxSpec{
+		Command: []string{"sleep", "infinity"}, Policy: pol,
+	}})
+	if err != nil {
+		t.Fatalf("CreateSandbox: %v", err)
+	}
+	id := created.GetSandbox().GetMetadata().GetId()
+	WaitPhase(ctx, t, c, "egress-restart", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, time.Minute)
+	if r := waitPolicyStatus(ctx, t, c, "egress-restart", 1).GetRevision(); r.GetStatus() != openshellv1.PolicyStatus_POLICY_STATUS_LOADED {
+		t.Fatalf("policy status = %v (%q), want LOADED", r.GetStatus(), r.GetLoadError())
+	}
+	fetch := func(c openshellv1.OpenShellClient) (string, int32) {
+		t.Helper()
+		out, errOut, code, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"sh", "-c",
+			curl + " -s --max-time 10 -w ' %{http_code}' http://allowed.test:" + port + "/"}})
+		if err != nil {
+			t.Fatalf("exec curl: %v (stderr %q)", err, errOut)
+		}
+		return strings.TrimSpace(out), code
+	}
+	want := "upstream saw allowed.test:" + port + " 200"
+	if out, code := fetch(c); out != want {
+		t.Fatalf("curl through the proxy before the restart = exit %d %q, want %q", code, out, want)
+	}
+	pid := supervisorPID(t, g, id)
+
+	g.Kill()
+	g2 := Start(t, Options{StateDir: g.StateDir, TLSDir: g.TLSDir, Port: g.Port, Env: env})
+	c2 := g2.Client()
+	WaitPhase(ctx, t, c2, "egress-restart", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, time.Minute)
+	if got := supervisorPID(t, g2, id); got != pid {
+		t.Fatalf("supervisor pid %d after the restart, want the re-attached %d", got, pid)
+	}
+	if out, code := fetch(c2); out != want {
+		t.Fatalf("curl through the proxy after the gateway restart = exit %d %q, want %q (the re-attached supervisor lost its host dialer)", code, out, want)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +23,10 @@ const (
 	// EnvEgressDialerFD is the inherited descriptor of the driver's host
 	// dialer (package hostdial).
 	EnvEgressDialerFD = "OPENSHELL_EGRESS_DIALER_FD"
+	// EnvEgressDialerSocket names the driver's dialer socket in the
+	// directory of the unix:// gateway socket, where the supervisor
+	// reconnects its host dialer when the inherited channel breaks.
+	EnvEgressDialerSocket = "OPENSHELL_EGRESS_DIALER_SOCKET"
 	// EnvEgressTestHosts is a test-only resolver override for the egress
 	// proxy: "name=ip,name=ip". The process driver passes it only from
 	// the gateway's own environment, never from a sandbox spec.
@@ -41,12 +46,21 @@ type egressRunner struct {
 }
 
 // takeEgressDialer takes over the host dialer descriptor before anything
-// can inherit it (the client dups it close-on-exec).
-func takeEgressDialer(cfg Config) (*hostdial.Client, error) {
+// can inherit it (the client dups it close-on-exec). With a dialer socket
+// the client reconnects to it, next to the gateway socket of cfg.Endpoint
+// as it is when the channel breaks (pinUnixEndpoint rewrites it later).
+func takeEgressDialer(cfg *Config) (*hostdial.Client, error) {
 	if cfg.EgressDialerFD == 0 {
 		return nil, nil
 	}
-	c, err := hostdial.NewClient(os.NewFile(uintptr(cfg.EgressDialerFD), "egress-dialer"))
+	var redial func() (*net.UnixConn, error)
+	if cfg.EgressDialerSocket != "" {
+		redial = func() (*net.UnixConn, error) {
+			dir := path.Dir(strings.TrimPrefix(cfg.Endpoint, "unix://"))
+			return hostdial.DialSocket(path.Join(dir, cfg.EgressDialerSocket))
+		}
+	}
+	c, err := hostdial.NewClient(os.NewFile(uintptr(cfg.EgressDialerFD), "egress-dialer"), redial)
 	if err != nil {
 		return nil, fmt.Errorf("%s=%d: %w", EnvEgressDialerFD, cfg.EgressDialerFD, err)
 	}

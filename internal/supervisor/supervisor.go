@@ -90,6 +90,11 @@ type Config struct {
 	// EgressDialerFD is the inherited descriptor of the driver's host
 	// dialer (0: none). With PrivateNetwork it enables the egress proxy.
 	EgressDialerFD int
+	// EgressDialerSocket is the name of the driver's dialer socket in the
+	// directory of the unix:// gateway socket ("": none): the supervisor
+	// reconnects its host dialer there when the inherited channel breaks
+	// (the gateway restarted). See EnvEgressDialerSocket.
+	EgressDialerSocket string
 	// EgressTestHosts is the test-only resolver override of the egress
 	// proxy ("name=ip,..."); see EnvEgressTestHosts.
 	EgressTestHosts string
@@ -137,7 +142,7 @@ const (
 // secretEnv are never passed to processes in the sandbox (the token
 // file's path only tells where the secret is kept).
 // The egress variables are the supervisor's own business as well.
-var secretEnv = []string{EnvToken, EnvTokenFile, EnvTLSKey, EnvEgressDialerFD, EnvEgressTestHosts}
+var secretEnv = []string{EnvToken, EnvTokenFile, EnvTLSKey, EnvEgressDialerFD, EnvEgressDialerSocket, EnvEgressTestHosts}
 
 // ConfigFromEnv builds a Config from OPENSHELL_* variables.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
@@ -179,6 +184,15 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		if c.EgressDialerFD, err = strconv.Atoi(v); err != nil || c.EgressDialerFD < 3 {
 			return c, fmt.Errorf("%s: %q is not an inherited descriptor (3 or more)", EnvEgressDialerFD, v)
 		}
+	}
+	if v := getenv(EnvEgressDialerSocket); v != "" {
+		if strings.Contains(v, "/") || v == "." || v == ".." {
+			return c, fmt.Errorf("%s: %q is not a file name", EnvEgressDialerSocket, v)
+		}
+		if c.EgressDialerFD == 0 || !strings.HasPrefix(c.Endpoint, "unix://") {
+			return c, fmt.Errorf("%s needs %s and a unix:// %s", EnvEgressDialerSocket, EnvEgressDialerFD, EnvEndpoint)
+		}
+		c.EgressDialerSocket = v
 	}
 	if v := getenv(EnvStartupTimeout); v != "" {
 		d, err := time.ParseDuration(v)
@@ -293,7 +307,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		return err
 	}
 	// Before anything can inherit it.
-	dialer, err := takeEgressDialer(cfg)
+	dialer, err := takeEgressDialer(&cfg)
 	if err != nil {
 		return err
 	}

@@ -83,6 +83,11 @@
 //	                              (internal/supervisor/egress/hostdial), a SOCK_SEQPACKET
 //	                              socket on which the driver opens TCP connections in the
 //	                              host's network namespace for the egress proxy
+//	OPENSHELL_EGRESS_DIALER_SOCKET set only with a per-sandbox gateway socket (below):
+//	                              "egress-dialer.sock", the host dialer's socket in the
+//	                              directory of OPENSHELL_ENDPOINT, where the supervisor
+//	                              reconnects when fd 3's channel ended with an earlier
+//	                              gateway process
 //	OPENSHELL_EGRESS_TEST_HOSTS   test only, copied from the gateway's own environment
 //	                              (never from a sandbox spec): the proxy's resolver override
 //
@@ -99,9 +104,15 @@
 // detached copy of <id>/gateway/, where the driver listens on a socket
 // owned by the sandbox's root (0600, directory 0700) and forwards each
 // connection to the gateway's own callback socket, which belongs to the
-// gateway's user. The forwarder lives in the gateway process: it stops
-// with the supervisor or the driver and is resumed for supervisors found
-// running when the driver starts. The supervisor closes or marks
+// gateway's user. Next to it the driver serves the host dialer on
+// egress-dialer.sock (SOCK_SEQPACKET, same owner and mode; peers whose
+// SO_PEERCRED uid is not the sandbox's root host id are refused), so a
+// supervisor that outlived the gateway process holding fd 3's other end
+// regains its egress. Both live in the gateway process: they stop with
+// the supervisor or the driver and are resumed for supervisors found
+// running when the driver starts. Sandboxes without an id range get no
+// dialer socket: after a gateway restart their egress fails until they
+// restart. The supervisor closes or marks
 // close-on-exec every inherited fd, so none reaches a sandbox process.
 //
 // And, because Go cannot run code between clone and exec, these requests

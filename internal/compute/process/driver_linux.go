@@ -67,6 +67,10 @@ type sandbox struct {
 	// proxy forwards a user-namespace supervisor's gateway connections
 	// (nil otherwise, and while stopped).
 	proxy *gatewayProxy
+	// dialer serves the host dialer on a socket next to the proxy's, for
+	// the supervisor to reconnect to after a gateway restart (nil when
+	// proxy is).
+	dialer *hostdial.Listener
 }
 
 // running is a live supervisor process.
@@ -594,7 +598,7 @@ func (d *Driver) spawn(sb *sandbox, rootfs string, l limits, cgRoot string) erro
 	pid := cmd.Process.Pid
 	// Serve ends when the supervisor (the only other holder) exits.
 	serving = true
-	go func() { _ = hostdial.Serve(dialServe, 10*time.Second, nil) }()
+	go func() { _ = hostdial.Serve(dialServe, dialTimeout, nil) }()
 	// The child is ours and unreaped, so its pid cannot be reused.
 	h, err := openPid(pid, 0)
 	if err != nil {
@@ -647,7 +651,7 @@ func (d *Driver) environ(sb *sandbox, rootfs string) []string {
 	env["OPENSHELL_PRIVATE_TMP"] = "true"
 	env["OPENSHELL_PRIVATE_NETWORK"] = "true"
 	env["OPENSHELL_EGRESS_DIALER_FD"] = "3"
-	for _, k := range []string{"OPENSHELL_SANDBOX_TOKEN", "OPENSHELL_SANDBOX_TOKEN_FILE", "OPENSHELL_ROOTFS", "OPENSHELL_ROOTFS_LAYER", "OPENSHELL_EGRESS_TEST_HOSTS"} {
+	for _, k := range []string{"OPENSHELL_SANDBOX_TOKEN", "OPENSHELL_SANDBOX_TOKEN_FILE", "OPENSHELL_ROOTFS", "OPENSHELL_ROOTFS_LAYER", "OPENSHELL_EGRESS_TEST_HOSTS", "OPENSHELL_EGRESS_DIALER_SOCKET"} {
 		delete(env, k) // only the driver sets these
 	}
 	if _, err := os.Stat(d.tokenPath(id)); err == nil {

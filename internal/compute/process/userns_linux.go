@@ -16,10 +16,12 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/supervisor/egress/hostdial"
 )
 
 // Host id ranges of user-namespace sandboxes: sandbox slot n maps its ids
@@ -131,6 +133,20 @@ func unixEndpointPath(endpoint string) string {
 
 // proxySocketName is the socket's name in <sandbox>/gateway/.
 const proxySocketName = "gateway.sock"
+
+// dialerSocketName is the host dialer's socket in <sandbox>/gateway/.
+const dialerSocketName = "egress-dialer.sock"
+
+// dialTimeout bounds each upstream dial of the host dialer.
+const dialTimeout = 10 * time.Second
+
+// listenDialer serves the host dialer at dir/egress-dialer.sock (owned by
+// uid:gid, mode 0600, in listenProxy's directory) for peers of host uid
+// uid only: the supervisor reconnects there when the inherited channel
+// ended with the previous gateway process.
+func listenDialer(dir string, uid, gid int) (*hostdial.Listener, error) {
+	return hostdial.Listen(dir, dialerSocketName, uid, gid, dialTimeout, nil)
+}
 
 // listenProxy listens on dir/gateway.sock (dir and socket owned by
 // uid:gid, modes 0700 and 0600) and forwards to target.
@@ -288,8 +304,13 @@ func (d *Driver) prepareUserNS(sb *sandbox, cmd *exec.Cmd, base uint32) ([]*os.F
 		if p, err = listenProxy(d.proxyDir(id), target, int(base), int(base)); err != nil {
 			return files, fmt.Errorf("sandbox %q: gateway socket: %w", id, err)
 		}
+		dl, err := listenDialer(d.proxyDir(id), int(base), int(base))
+		if err != nil {
+			p.Close()
+			return files, fmt.Errorf("sandbox %q: host dialer socket: %w", id, err)
+		}
 		d.mu.Lock()
-		sb.proxy = p
+		sb.proxy, sb.dialer = p, dl
 		d.mu.Unlock()
 	}
 	dir, err := openTree(d.proxyDir(id))
@@ -297,6 +318,7 @@ func (d *Driver) prepareUserNS(sb *sandbox, cmd *exec.Cmd, base uint32) ([]*os.F
 		return files, fmt.Errorf("sandbox %q: %w", id, err)
 	}
 	setEnv(cmd, "OPENSHELL_ENDPOINT", "unix://"+pass(dir)+"/"+proxySocketName)
+	setEnv(cmd, "OPENSHELL_EGRESS_DIALER_SOCKET", dialerSocketName)
 	return files, nil
 }
 
@@ -318,10 +340,14 @@ func closeProxyLocked(sb *sandbox) {
 		sb.proxy.Close()
 		sb.proxy = nil
 	}
+	if sb.dialer != nil {
+		sb.dialer.Close()
+		sb.dialer = nil
+	}
 }
 
-// resumeProxyLocked restarts the gateway proxy of a re-attached
-// user-namespace supervisor. d.mu must be held.
+// resumeProxyLocked restarts the gateway proxy and the host dialer socket
+// of a re-attached user-namespace supervisor. d.mu must be held.
 func (d *Driver) resumeProxyLocked(sb *sandbox) {
 	target := unixEndpointPath(d.cfg.endpoint)
 	if sb.rec.IDBase == 0 || target == "" || sb.proxy != nil {
@@ -332,5 +358,10 @@ func (d *Driver) resumeProxyLocked(sb *sandbox) {
 		d.logger.Error("gateway socket for re-attached supervisor", "sandbox_id", sb.rec.ID, "error", err)
 		return
 	}
-	sb.proxy = p
+	dl, err := listenDialer(d.proxyDir(sb.rec.ID), int(sb.rec.IDBase), int(sb.rec.IDBase))
+	if err != nil {
+		// The supervisor talks to the gateway but its egress fails.
+		d.logger.Error("host dialer socket for re-attached supervisor", "sandbox_id", sb.rec.ID, "error", err)
+	}
+	sb.proxy, sb.dialer = p, dl
 }

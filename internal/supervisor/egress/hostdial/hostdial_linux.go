@@ -14,6 +14,12 @@
 // Nothing inside the sandbox can use the channel: the supervisor's end is
 // close-on-exec, and agent processes run unprivileged and cannot reach the
 // supervisor's descriptors.
+//
+// The inherited channel ends when the driver's process (the gateway)
+// exits. A driver that re-attaches running supervisors after a restart
+// also serves the dialer on a SOCK_SEQPACKET listening socket only the
+// supervisor's user may connect to (Listen); a Client made with a redial
+// function connects to it again when a request finds the channel broken.
 package hostdial
 
 import (
@@ -70,6 +76,11 @@ const maxRequest = 128
 // flight. allow, when set, refuses addresses this dialer must never reach
 // whatever the supervisor asks.
 func Serve(conn *net.UnixConn, timeout time.Duration, allow func(netip.AddrPort) error) error {
+	return serve(context.Background(), conn, timeout, allow)
+}
+
+// serve is Serve whose dials in flight end when ctx does.
+func serve(ctx context.Context, conn *net.UnixConn, timeout time.Duration, allow func(netip.AddrPort) error) error {
 	defer conn.Close() //nolint:errcheck // ends the channel
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -93,12 +104,12 @@ func Serve(conn *net.UnixConn, timeout time.Duration, allow func(netip.AddrPort)
 		req := string(buf[:n])
 		wg.Go(func() {
 			defer unix.Close(reply) //nolint:errcheck
-			answer(reply, req, timeout, allow)
+			answer(ctx, reply, req, timeout, allow)
 		})
 	}
 }
 
-func answer(reply int, req string, timeout time.Duration, allow func(netip.AddrPort) error) {
+func answer(ctx context.Context, reply int, req string, timeout time.Duration, allow func(netip.AddrPort) error) {
 	fail := func(err error) { _ = unix.Sendmsg(reply, []byte("E"+err.Error()), nil, nil, 0) }
 	ap, err := netip.ParseAddrPort(req)
 	if err != nil {
@@ -111,7 +122,10 @@ func answer(reply int, req string, timeout time.Duration, allow func(netip.AddrP
 			return
 		}
 	}
-	c, err := net.DialTimeout("tcp", ap.String(), timeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", ap.String())
 	if err != nil {
 		fail(err)
 		return
@@ -150,20 +164,74 @@ func oneFD(oob []byte) (int, error) {
 
 // Client is the supervisor's end.
 type Client struct {
-	c *net.UnixConn
+	redial func() (*net.UnixConn, error)
+	mu     sync.Mutex
+	c      *net.UnixConn // nil after a failed redial
+	closed bool
 }
 
-// NewClient takes over the inherited end f.
-func NewClient(f *os.File) (*Client, error) {
+// NewClient takes over the inherited end f. redial, when not nil,
+// connects a new channel (for example with DialSocket) when a request
+// finds the current one broken because the driver's process ended.
+func NewClient(f *os.File, redial func() (*net.UnixConn, error)) (*Client, error) {
 	c, err := unixConn(f)
 	if err != nil {
 		return nil, err
 	}
-	return &Client{c: c}, nil
+	return &Client{c: c, redial: redial}, nil
+}
+
+// DialSocket connects to a dialer socket served by Listen.
+func DialSocket(path string) (*net.UnixConn, error) {
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("host dialer socket: %w", err)
+	}
+	return c, nil
 }
 
 // Close closes the channel.
-func (c *Client) Close() error { return c.c.Close() }
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	if c.c == nil {
+		return nil
+	}
+	return c.c.Close()
+}
+
+// send writes one request on the channel, reconnecting once when the
+// channel is broken (or was not re-established yet) and a redial
+// function is set.
+func (c *Client) send(req []byte, oob []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return net.ErrClosed
+	}
+	var err error
+	if c.c != nil {
+		if _, _, err = c.c.WriteMsgUnix(req, oob, nil); err == nil || c.redial == nil {
+			return err
+		}
+		_ = c.c.Close()
+		c.c = nil
+	}
+	if c.redial == nil {
+		return err
+	}
+	nc, rerr := c.redial()
+	if rerr != nil {
+		if err != nil {
+			return fmt.Errorf("%w; reconnect: %w", err, rerr)
+		}
+		return rerr
+	}
+	c.c = nc
+	_, _, err = c.c.WriteMsgUnix(req, oob, nil)
+	return err
+}
 
 // Dial asks the host side to connect to addr and returns the connection.
 func (c *Client) Dial(ctx context.Context, addr netip.AddrPort) (net.Conn, error) {
@@ -180,7 +248,7 @@ func (c *Client) Dial(ctx context.Context, addr netip.AddrPort) (net.Conn, error
 		return nil, err
 	}
 	defer mine.Close() //nolint:errcheck // the reply socket of one dial
-	_, _, err = c.c.WriteMsgUnix([]byte(addr.String()), unix.UnixRights(fds[1]), nil)
+	err = c.send([]byte(addr.String()), unix.UnixRights(fds[1]))
 	unix.Close(fds[1]) //nolint:errcheck
 	if err != nil {
 		return nil, fmt.Errorf("host dial %s: the host dialer is gone: %w", addr, err)
@@ -220,4 +288,114 @@ func (c *Client) Dial(ctx context.Context, addr netip.AddrPort) (net.Conn, error
 		return nil, fmt.Errorf("host dial %s: %w", addr, err)
 	}
 	return conn, nil
+}
+
+// Listener serves the dialer on a unix SOCK_SEQPACKET socket, one Serve
+// per accepted connection, for peers running as one host uid only.
+type Listener struct {
+	ln     *net.UnixListener
+	path   string
+	uid    int
+	ctx    context.Context
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	conns  map[*net.UnixConn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// Listen serves the dialer on the socket name in directory dir (replacing
+// a stale one), owned by uid:gid with mode 0600, and accepts only peers
+// whose uid is uid. timeout and allow are as for Serve.
+func Listen(dir, name string, uid, gid int, timeout time.Duration, allow func(netip.AddrPort) error) (*Listener, error) {
+	path := dir + "/" + name
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	// Bound through the directory's fd: sun_path holds 108 bytes only.
+	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: fmt.Sprintf("/proc/self/fd/%d/%s", dfd, name), Net: "unixpacket"})
+	unix.Close(dfd) //nolint:errcheck
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	ln.SetUnlinkOnClose(false)
+	err = os.Lchown(path, uid, gid)
+	if err == nil {
+		err = os.Chmod(path, 0o600)
+	}
+	if err != nil {
+		_ = ln.Close()
+		_ = os.Remove(path)
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &Listener{ln: ln, path: path, uid: uid, ctx: ctx, cancel: cancel, conns: map[*net.UnixConn]struct{}{}}
+	l.wg.Go(func() { l.serve(timeout, allow) })
+	return l, nil
+}
+
+func (l *Listener) serve(timeout time.Duration, allow func(netip.AddrPort) error) {
+	for {
+		c, err := l.ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond) // out of descriptors and the like: try again
+			continue
+		}
+		if uid, err := peerUID(c); err != nil || uid != l.uid {
+			_ = c.Close()
+			continue
+		}
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			_ = c.Close()
+			return
+		}
+		l.conns[c] = struct{}{}
+		l.mu.Unlock()
+		l.wg.Go(func() {
+			_ = serve(l.ctx, c, timeout, allow)
+			l.mu.Lock()
+			delete(l.conns, c)
+			l.mu.Unlock()
+		})
+	}
+}
+
+func peerUID(c *net.UnixConn) (int, error) {
+	sc, err := c.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	var cred *unix.Ucred
+	var gerr error
+	if err := sc.Control(func(fd uintptr) { cred, gerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return -1, err
+	}
+	if gerr != nil {
+		return -1, gerr
+	}
+	return int(cred.Uid), nil
+}
+
+// Close stops listening, ends every channel and the dials in flight,
+// removes the socket and waits for the listener's goroutines.
+func (l *Listener) Close() {
+	l.cancel()
+	l.mu.Lock()
+	l.closed = true
+	for c := range l.conns {
+		_ = c.Close()
+	}
+	l.mu.Unlock()
+	_ = l.ln.Close()
+	l.wg.Wait()
+	_ = os.Remove(l.path)
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -41,7 +42,7 @@ func TestDialThroughChannel(t *testing.T) {
 			return nil
 		})
 	}()
-	cl, err := NewClient(child)
+	cl, err := NewClient(child, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,5 +78,78 @@ func TestDialThroughChannel(t *testing.T) {
 	}
 	if _, err := cl.Dial(context.Background(), target); err == nil {
 		t.Error("dial after close succeeded")
+	}
+}
+
+// TestRedialAfterDriverExit: the inherited channel's driver end closes
+// (the gateway exited); the next dial reconnects through the listening
+// socket of the next driver, which accepts only its supervisor's uid.
+func TestRedialAfterDriverExit(t *testing.T) {
+	up, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Close()
+	go func() {
+		for {
+			c, err := up.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("up"))
+			c.Close()
+		}
+	}()
+	target := netip.MustParseAddrPort(up.Addr().String())
+	serve, child, err := Pair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	redial := func() (*net.UnixConn, error) { return DialSocket(dir + "/dialer.sock") }
+	cl, err := NewClient(child, redial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	read := func() (string, error) {
+		c, err := cl.Dial(context.Background(), target)
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		b, err := io.ReadAll(c)
+		return string(b), err
+	}
+	served := make(chan error, 1)
+	go func() { served <- Serve(serve, 5*time.Second, nil) }()
+	if got, err := read(); err != nil || got != "up" {
+		t.Fatalf("dial over the inherited channel = %q, %v", got, err)
+	}
+	serve.Close() // the driver's process ended
+	<-served
+	if _, err := read(); err == nil || !strings.Contains(err.Error(), "reconnect") {
+		t.Fatalf("dial with no driver serving = %v, want the reconnect failure", err)
+	}
+	// A listener for another uid refuses the connection.
+	other, err := Listen(dir, "dialer.sock", os.Getuid()+1, os.Getgid(), 5*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := read(); err == nil {
+		t.Fatalf("dial through a listener for another uid = %q, want a failure", got)
+	}
+	other.Close()
+	l, err := Listen(dir, "dialer.sock", os.Getuid(), os.Getgid(), 5*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	fi, err := os.Stat(dir + "/dialer.sock")
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("dialer socket mode = %v, %v, want 0600", fi, err)
+	}
+	if got, err := read(); err != nil || got != "up" {
+		t.Fatalf("dial after the driver came back = %q, %v", got, err)
 	}
 }
