@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -135,11 +134,17 @@ func lookPath(file string, env []string) (string, error) {
 			pathEnv = v
 		}
 	}
-	for _, dir := range filepath.SplitList(pathEnv) {
+	if pathEnv == "" {
+		return "", fmt.Errorf("exec %s: executable file not found in $PATH", file)
+	}
+	// dir + "/" + file, as execvp(3) builds it; not path/filepath, whose
+	// import would order the protobuf package initialisers before this
+	// package's init (see doc.go).
+	for _, dir := range strings.Split(pathEnv, ":") {
 		if dir == "" {
 			dir = "."
 		}
-		p := filepath.Join(dir, file)
+		p := dir + "/" + file
 		var st unix.Stat_t
 		if unix.Stat(p, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && unix.Access(p, unix.X_OK) == nil {
 			return p, nil
