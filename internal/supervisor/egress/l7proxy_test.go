@@ -280,3 +280,42 @@ func BenchmarkL7Requests(b *testing.B) {
 		run(b, &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(tp.url)}}, fmt.Sprintf("http://api.test:%d/repos/x?q=1", port))
 	})
 }
+
+// A streamed response reaches the client as the upstream flushes it, not
+// when it ends.
+func TestProxyStreamsResponses(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "first;")
+		w.(http.Flusher).Flush()
+		<-release
+		_, _ = io.WriteString(w, "second")
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	_, ps, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	port, _ := strconv.Atoi(ps)
+	tp := startProxy(t, Config{Resolver: loopbackResolver("api.test"), Identify: fixedCaller("/usr/bin/curl")},
+		restRules(uint32(port), func(*sandboxv1.NetworkEndpoint) {}))
+	rc := dialProxy(t, tp)
+	fmt.Fprintf(rc.c, "GET http://api.test:%d/stream HTTP/1.1\r\n\r\n", port)
+	resp, err := http.ReadResponse(rc.br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	first := make([]byte, len("first;"))
+	if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "first;" {
+		t.Fatalf("first chunk = %q, %v; want it before the upstream ends the response", first, err)
+	}
+	close(release)
+	if rest, err := io.ReadAll(resp.Body); err != nil || string(rest) != "second" {
+		t.Errorf("rest = %q, %v", rest, err)
+	}
+}

@@ -642,7 +642,13 @@ func forward(c net.Conn, req *http.Request, up net.Conn, upBR *bufio.Reader) boo
 		writeDone()
 		return false
 	}
-	if err := resp.Write(c); err != nil {
+	// The header goes out in one write; the body is flushed before every
+	// read from upstream, so a streamed response is not held back.
+	bw := bufio.NewWriterSize(c, bufSize)
+	resp.Body = flushBeforeRead{resp.Body, bw}
+	// (Write only: bufio's ReadFrom would read into its own buffer while
+	// the body's Read flushes it.)
+	if err := resp.Write(struct{ io.Writer }{bw}); err != nil || bw.Flush() != nil {
 		writeDone()
 		return false
 	}
@@ -650,4 +656,18 @@ func forward(c net.Conn, req *http.Request, up net.Conn, upBR *bufio.Reader) boo
 		return false
 	}
 	return !req.Close && !resp.Close
+}
+
+// flushBeforeRead is a response body that flushes the client writer
+// before each read from upstream.
+type flushBeforeRead struct {
+	io.ReadCloser
+	w *bufio.Writer
+}
+
+func (f flushBeforeRead) Read(p []byte) (int, error) {
+	if err := f.w.Flush(); err != nil {
+		return 0, err
+	}
+	return f.ReadCloser.Read(p)
 }
