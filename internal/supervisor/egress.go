@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,7 +32,64 @@ const (
 	// proxy: "name=ip,name=ip". The process driver passes it only from
 	// the gateway's own environment, never from a sandbox spec.
 	EnvEgressTestHosts = "OPENSHELL_EGRESS_TEST_HOSTS"
+	// EnvEgressTestCAFile is a test-only PEM file of CAs the proxy trusts
+	// for upstreams of terminated TLS, besides the system roots. The
+	// process driver passes it only from the gateway's own environment.
+	EnvEgressTestCAFile = "OPENSHELL_EGRESS_TEST_CA_FILE"
 )
+
+// caEnv are the variables naming the CA bundle (system roots plus the
+// sandbox CA) for agent processes: OpenSSL and curl, Python requests,
+// Node.js (which adds it to its own roots).
+var caEnv = []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "CURL_CA_BUNDLE"}
+
+// systemBundles are where distributions keep the system CA bundle (PEM).
+var systemBundles = []string{"/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/ca-bundle.pem", "/etc/ssl/cert.pem", "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem"}
+
+// upstreamRoots is the system pool plus the test-only CA file, if any.
+func upstreamRoots(testCAFile string) (*x509.CertPool, error) {
+	pool, err := x509.SystemCertPool()
+	if err != nil || pool == nil {
+		pool = x509.NewCertPool()
+	}
+	if testCAFile != "" {
+		b, err := os.ReadFile(testCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", EnvEgressTestCAFile, err)
+		}
+		if !pool.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("%s: %s holds no PEM certificate", EnvEgressTestCAFile, testCAFile)
+		}
+	}
+	return pool, nil
+}
+
+// writeCABundle writes the system CA bundle (as the agent's filesystem
+// has it) followed by ca's certificate to a new root-owned directory
+// under /tmp (the sandbox's private /tmp when it has one), readable by
+// everyone, and returns the file's path. The CA key is never written.
+func writeCABundle(ca *egress.CA) (string, error) {
+	var bundle []byte
+	for _, p := range systemBundles {
+		if b, err := os.ReadFile(p); err == nil {
+			bundle = append(b, '\n')
+			break
+		}
+	}
+	bundle = append(bundle, ca.CertPEM()...)
+	dir, err := os.MkdirTemp("/tmp", "openshell-tls-")
+	if err != nil {
+		return "", fmt.Errorf("sandbox ca bundle: %w", err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return "", fmt.Errorf("sandbox ca bundle: %w", err)
+	}
+	file := path.Join(dir, "ca-bundle.pem")
+	if err := os.WriteFile(file, bundle, 0o644); err != nil { //nolint:gosec // certificates only, read by agent processes
+		return "", fmt.Errorf("sandbox ca bundle: %w", err)
+	}
+	return file, nil
+}
 
 // egressProxyAddr is where agent processes find the proxy: loopback in
 // the sandbox's own network namespace.
@@ -90,12 +148,30 @@ func startEgress(ctx context.Context, log *slog.Logger, cfg Config, dialer *host
 		e.why = fmt.Errorf("egress proxy listener %s: %w", egressProxyAddr, err)
 		return e
 	}
+	// The sandbox CA for tls: terminate: its key lives only in this
+	// process's memory.
+	ca, err := egress.NewCA("OpenShell sandbox " + cfg.SandboxID)
+	if err == nil {
+		var bundle string
+		if bundle, err = writeCABundle(ca); err == nil {
+			for _, k := range caEnv {
+				e.env = append(e.env, k+"="+bundle)
+			}
+		}
+	}
+	if err != nil {
+		ln.Close()
+		e.why = fmt.Errorf("no egress proxy runs: %w", err)
+		return e
+	}
 	empty, _ := egress.Compile(nil)
 	e.proxy = egress.New(egress.Config{
-		Resolver: resolver,
-		Dial:     dialer.Dial,
-		Identify: (&egress.ProcIdentifier{Root: "/proc"}).Identify,
-		OnEvent:  func(ev egress.Event) { logEgressEvent(log, ev) },
+		Resolver:      resolver,
+		Dial:          dialer.Dial,
+		Identify:      (&egress.ProcIdentifier{Root: "/proc"}).Identify,
+		OnEvent:       func(ev egress.Event) { logEgressEvent(log, ev) },
+		CA:            ca,
+		UpstreamRoots: cfg.upstreamRoots,
 	}, empty)
 	url := "http://" + egressProxyAddr
 	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"} {

@@ -58,12 +58,15 @@ func TestEnforcement(t *testing.T) {
 }
 
 // TestEgressLoadReports: network rules are LOADED only when the proxy runs
-// and enforces every endpoint: a protocol rest endpoint (plain HTTP) is
-// LOADED, a tls: terminate endpoint is named in the FAILED reason.
+// and enforces every endpoint: protocol rest endpoints (plain HTTP, and
+// HTTPS with tls: terminate) are LOADED, tls: terminate without protocol
+// rest is named in the FAILED reason.
 func TestEgressLoadReports(t *testing.T) {
 	plain := &sandboxv1.SandboxPolicy{NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{
 		"gh": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.github.com", Port: 443}}, Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/git"}}}}}
 	l7 := &sandboxv1.SandboxPolicy{NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{
+		"gh": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.github.com", Port: 443, Tls: "terminate"}}}}}
+	tlsRest := &sandboxv1.SandboxPolicy{NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{
 		"gh": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.github.com", Port: 443, Protocol: "rest", Tls: "terminate", Access: "read-only"}}}}}
 	running := &egressRunner{proxy: egress.New(egress.Config{}, nil)}
 	if err := enforcement(plain, nil, running.load(plain)); err != nil {
@@ -75,7 +78,10 @@ func TestEgressLoadReports(t *testing.T) {
 	if err := enforcement(rest, nil, running.load(rest)); err != nil {
 		t.Errorf("protocol rest rules with a running proxy: %v, want LOADED", err)
 	}
-	want := `network policies are not enforced as written: rule "gh" endpoint "api.github.com" asks for tls "terminate" (TLS termination is not implemented): ` +
+	if err := enforcement(tlsRest, nil, running.load(tlsRest)); err != nil {
+		t.Errorf("protocol rest with tls terminate and a running proxy: %v, want LOADED", err)
+	}
+	want := `network policies are not enforced as written: rule "gh" endpoint "api.github.com" asks for tls "terminate" without protocol rest (only REST requests are inspected): ` +
 		`not implemented by the egress proxy, those endpoints are denied (rules: gh)`
 	if err := enforcement(l7, nil, running.load(l7)); err == nil || err.Error() != want {
 		t.Errorf("L7 rules = %v, want %q", err, want)

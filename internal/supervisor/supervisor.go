@@ -16,6 +16,7 @@ package supervisor
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -98,6 +99,10 @@ type Config struct {
 	// EgressTestHosts is the test-only resolver override of the egress
 	// proxy ("name=ip,..."); see EnvEgressTestHosts.
 	EgressTestHosts string
+	// EgressTestCAFile is a test-only PEM bundle the egress proxy trusts,
+	// besides the system roots, for upstreams of terminated TLS; see
+	// EnvEgressTestCAFile.
+	EgressTestCAFile string
 
 	// ReapAll makes the supervisor reap every child it inherits (PID 1).
 	ReapAll bool
@@ -109,7 +114,8 @@ type Config struct {
 	// OnSessionAccepted, when set, is called after each SessionAccepted.
 	OnSessionAccepted func(sessionID string)
 
-	agentEnv []string // set by Serve: the egress proxy variables
+	agentEnv      []string       // set by Serve: the egress proxy variables
+	upstreamRoots *x509.CertPool // set by Serve before the namespace setup
 
 	k8sSAToken string // preloaded from K8sSATokenFile
 }
@@ -142,7 +148,7 @@ const (
 // secretEnv are never passed to processes in the sandbox (the token
 // file's path only tells where the secret is kept).
 // The egress variables are the supervisor's own business as well.
-var secretEnv = []string{EnvToken, EnvTokenFile, EnvTLSKey, EnvEgressDialerFD, EnvEgressDialerSocket, EnvEgressTestHosts}
+var secretEnv = []string{EnvToken, EnvTokenFile, EnvTLSKey, EnvEgressDialerFD, EnvEgressDialerSocket, EnvEgressTestHosts, EnvEgressTestCAFile}
 
 // ConfigFromEnv builds a Config from OPENSHELL_* variables.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
@@ -163,7 +169,8 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		Rootfs:         getenv(EnvRootfs),
 		RootfsLayer:    getenv(EnvRootfsLayer),
 
-		EgressTestHosts: getenv(EnvEgressTestHosts),
+		EgressTestHosts:  getenv(EnvEgressTestHosts),
+		EgressTestCAFile: getenv(EnvEgressTestCAFile),
 	}
 	var err error
 	if v := getenv(EnvCommand); v != "" {
@@ -306,6 +313,14 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if err := preloadCredentials(&cfg); err != nil {
 		return err
 	}
+	// The roots terminated TLS is verified against upstream: the
+	// supervisor's system roots (a root filesystem pivoted into later
+	// does not change them).
+	roots, err := upstreamRoots(cfg.EgressTestCAFile)
+	if err != nil {
+		return err
+	}
+	cfg.upstreamRoots = roots
 	// Before anything can inherit it.
 	dialer, err := takeEgressDialer(&cfg)
 	if err != nil {
@@ -502,6 +517,7 @@ Compute drivers start it with no arguments and this environment:
   `+EnvEgressDialerFD+`  inherited descriptor of the driver's host dialer: with `+EnvPrivateNetwork+`,
                              runs the egress proxy on `+egressProxyAddr+` (see docs/security.md)
   `+EnvEgressTestHosts+`  test only: resolve the proxy's destinations from "name=ip,..." instead of DNS
+  `+EnvEgressTestCAFile+`  test only: PEM file of CAs trusted for terminated TLS upstreams besides the system roots
   `+EnvLogLevel+`        log level (trace, debug, info, warn, error)
 
 Flags:

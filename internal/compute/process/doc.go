@@ -90,6 +90,8 @@
 //	                              gateway process
 //	OPENSHELL_EGRESS_TEST_HOSTS   test only, copied from the gateway's own environment
 //	                              (never from a sandbox spec): the proxy's resolver override
+//	OPENSHELL_EGRESS_TEST_CA_FILE test only, copied likewise: CAs the proxy trusts for
+//	                              upstreams of terminated TLS besides the system roots
 //
 // In a user namespace with its own range the supervisor's host ids cannot
 // search the gateway's state directory, so the driver hands it what it

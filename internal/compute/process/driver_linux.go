@@ -651,7 +651,7 @@ func (d *Driver) environ(sb *sandbox, rootfs string) []string {
 	env["OPENSHELL_PRIVATE_TMP"] = "true"
 	env["OPENSHELL_PRIVATE_NETWORK"] = "true"
 	env["OPENSHELL_EGRESS_DIALER_FD"] = "3"
-	for _, k := range []string{"OPENSHELL_SANDBOX_TOKEN", "OPENSHELL_SANDBOX_TOKEN_FILE", "OPENSHELL_ROOTFS", "OPENSHELL_ROOTFS_LAYER", "OPENSHELL_EGRESS_TEST_HOSTS", "OPENSHELL_EGRESS_DIALER_SOCKET"} {
+	for _, k := range []string{"OPENSHELL_SANDBOX_TOKEN", "OPENSHELL_SANDBOX_TOKEN_FILE", "OPENSHELL_ROOTFS", "OPENSHELL_ROOTFS_LAYER", "OPENSHELL_EGRESS_TEST_HOSTS", "OPENSHELL_EGRESS_TEST_CA_FILE", "OPENSHELL_EGRESS_DIALER_SOCKET"} {
 		delete(env, k) // only the driver sets these
 	}
 	if _, err := os.Stat(d.tokenPath(id)); err == nil {
@@ -663,8 +663,10 @@ func (d *Driver) environ(sb *sandbox, rootfs string) []string {
 	}
 	// Test-only resolver override of the egress proxy: from the gateway's
 	// own environment, never from a sandbox spec.
-	if v := os.Getenv("OPENSHELL_EGRESS_TEST_HOSTS"); v != "" {
-		env["OPENSHELL_EGRESS_TEST_HOSTS"] = v
+	for _, k := range []string{"OPENSHELL_EGRESS_TEST_HOSTS", "OPENSHELL_EGRESS_TEST_CA_FILE"} {
+		if v := os.Getenv(k); v != "" {
+			env[k] = v
+		}
 	}
 	out := make([]string, 0, len(env))
 	for _, k := range slices.Sorted(maps.Keys(env)) {

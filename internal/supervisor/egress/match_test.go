@@ -127,12 +127,12 @@ func TestDecide(t *testing.T) {
 func TestCompileRefusesWhatIsNotEnforced(t *testing.T) {
 	s, err := Compile(map[string]*sandboxv1.NetworkPolicyRule{
 		"l7": {Name: "l7", Binaries: []*sandboxv1.NetworkBinary{{Path: "/**"}}, Endpoints: []*sandboxv1.NetworkEndpoint{
-			{Host: "api.example.com", Port: 443, Protocol: "rest", Tls: "terminate", Access: "read-only"},
+			{Host: "api.example.com", Port: 443, Tls: "terminate"},
 			{Host: "plain.example.com", Port: 443},
 		}},
 	})
 	if err == nil {
-		t.Fatal("Compile accepted protocol rest / tls terminate")
+		t.Fatal("Compile accepted tls terminate without protocol rest")
 	}
 	// The snapshot leaves the unenforced endpoint out and keeps the rest.
 	if d := s.Decide(Request{Host: "api.example.com", Port: 443, Exe: "/bin/x"}); d.Allow {
@@ -141,7 +141,7 @@ func TestCompileRefusesWhatIsNotEnforced(t *testing.T) {
 	if d := s.Decide(Request{Host: "plain.example.com", Port: 443, Exe: "/bin/x"}); !d.Allow {
 		t.Errorf("the plain endpoint next to an L7 one was denied: %+v", d)
 	}
-	if want := `rule "l7" endpoint "api.example.com" asks for tls "terminate" (TLS termination is not implemented): not implemented by the egress proxy, those endpoints are denied`; err.Error() != want {
+	if want := `rule "l7" endpoint "api.example.com" asks for tls "terminate" without protocol rest (only REST requests are inspected): not implemented by the egress proxy, those endpoints are denied`; err.Error() != want {
 		t.Errorf("error = %q, want %q", err, want)
 	}
 	if _, err := Compile(map[string]*sandboxv1.NetworkPolicyRule{"t": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "a.example.com", Port: 443, Protocol: "tcp", Tls: "passthrough"}}}}); err != nil {

@@ -54,13 +54,14 @@ type Decision struct {
 	Hostless bool
 	// l7 are the REST endpoints (protocol rest) matching host and port in
 	// every rule that allows the caller: when any, each HTTP request is
-	// inspected against them and a CONNECT tunnel is refused.
+	// inspected against them; a CONNECT tunnel is terminated when every one
+	// of them says tls: terminate, else refused.
 	l7 []*l7Endpoint
 }
 
 // Compile builds a Snapshot from network_policies. It also returns an
 // error naming every endpoint asking for what this proxy does not enforce
-// (L7 protocols, TLS termination, credential handling, ...): such a policy
+// (L7 protocols other than REST, credential handling, ...): such a policy
 // is not enforced as written and must not be reported LOADED. The Snapshot
 // is usable either way: it leaves those endpoints out, so connections they
 // would have allowed are denied (fail closed) while the rest of the policy
@@ -117,17 +118,21 @@ func Compile(rules map[string]*sandboxv1.NetworkPolicyRule) (*Snapshot, error) {
 }
 
 // unsupported lists what an endpoint asks for beyond host, port(s),
-// allowed_ips, the rule's binaries and REST inspection of plain HTTP
-// (protocol rest): other L7 protocols, TLS termination, credential
-// handling.
+// allowed_ips, the rule's binaries and REST inspection (protocol rest,
+// of plain HTTP and, with tls: terminate, of CONNECT tunnels): other L7
+// protocols, TLS termination without REST, credential handling.
 func unsupported(ep *sandboxv1.NetworkEndpoint) []string {
 	var out []string
 	rest := strings.EqualFold(ep.GetProtocol(), "rest")
 	if p := ep.GetProtocol(); p != "" && !strings.EqualFold(p, "tcp") && !rest {
 		out = append(out, fmt.Sprintf("protocol %q", p))
 	}
-	if t := ep.GetTls(); t != "" && t != "passthrough" {
-		out = append(out, fmt.Sprintf("tls %q (TLS termination is not implemented)", t))
+	switch t := ep.GetTls(); {
+	case t == "" || t == "passthrough":
+	case t == "terminate" && !rest:
+		out = append(out, `tls "terminate" without protocol rest (only REST requests are inspected)`)
+	case t != "terminate":
+		out = append(out, fmt.Sprintf("tls %q (want terminate or passthrough)", t))
 	}
 	for _, f := range []struct {
 		set  bool

@@ -3,6 +3,7 @@ package egress
 import (
 	"bufio"
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,6 +47,12 @@ type Config struct {
 	OnEvent func(Event)
 	// DialTimeout bounds resolution plus dial (default 10s).
 	DialTimeout time.Duration
+	// CA terminates CONNECT tunnels to endpoints with protocol rest and
+	// tls: terminate; nil refuses such tunnels.
+	CA *CA
+	// UpstreamRoots verifies upstream certificates of terminated tunnels
+	// (nil: the system roots).
+	UpstreamRoots *x509.CertPool
 }
 
 // Event is one decision, as logged. It never carries credentials, query
@@ -201,13 +208,17 @@ func (p *Proxy) handle(c net.Conn) {
 	ev.Host, ev.Port = host, port
 	decisions, status := p.decide(callers, idErr, host, port, &ev)
 	var upstream net.Conn
-	for _, d := range decisions {
-		if len(d.l7) > 0 {
-			ev.Decision, ev.Reason = "deny", fmt.Sprintf("endpoint %s:%d has protocol rest: its requests are inspected only as plain http:// through the proxy, CONNECT tunnels (TLS termination) are not inspected", host, port)
-			status = http.StatusForbidden
-			decisions = nil
-			break
-		}
+	terminate, ok := terminates(decisions)
+	switch {
+	case decisions == nil:
+	case !ok:
+		ev.Decision, ev.Reason = "deny", fmt.Sprintf("endpoint %s:%d has protocol rest without tls: terminate: its requests are inspected only as plain http:// through the proxy, a CONNECT tunnel to it cannot be inspected", host, port)
+		status = http.StatusForbidden
+		decisions = nil
+	case terminate && p.cfg.CA == nil:
+		ev.Decision, ev.Reason = "deny", errNoCA.Error()
+		status = http.StatusForbidden
+		decisions = nil
 	}
 	if decisions != nil {
 		upstream, status = p.dial(decisions, host, port, &ev)
@@ -223,6 +234,10 @@ func (p *Proxy) handle(c net.Conn) {
 	}
 	defer p.untrack(upstream)
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
+		return
+	}
+	if terminate {
+		p.serveTerminated(c, br, upstream, decisions, host, port, req.Host, ev)
 		return
 	}
 	splice(c, br, upstream)

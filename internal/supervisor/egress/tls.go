@@ -1,0 +1,232 @@
+package egress
+
+import (
+	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+)
+
+// CA is the sandbox's TLS interception authority: an ECDSA P-256 key
+// made in memory (never written anywhere) and a self-signed certificate
+// that agent processes trust, with which the proxy mints a leaf
+// certificate per host (cached) for endpoints with tls: terminate.
+type CA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	der  []byte
+
+	mu     sync.Mutex
+	leaves map[string]*tls.Certificate
+}
+
+// NewCA makes a CA valid from now for ten years.
+func NewCA(name string) (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox ca key: %w", err)
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: name, Organization: []string{"OpenShell sandbox"}},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.AddDate(10, 0, 0),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox ca certificate: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &CA{cert: cert, key: key, der: der, leaves: map[string]*tls.Certificate{}}, nil
+}
+
+// CertPEM is the CA certificate (never the key), PEM encoded.
+func (ca *CA) CertPEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.der})
+}
+
+// Certificate is the CA certificate.
+func (ca *CA) Certificate() *x509.Certificate { return ca.cert }
+
+// maxLeaves bounds the leaf cache; past it the cache starts over.
+const maxLeaves = 1024
+
+// leaf returns the cached leaf certificate for host, minting it first.
+func (ca *CA) leaf(host string) (*tls.Certificate, error) {
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	ca.mu.Lock()
+	defer ca.mu.Unlock()
+	if c, ok := ca.leaves[host]; ok {
+		return c, nil
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: host},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.AddDate(0, 0, 30),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		tmpl.IPAddresses = []net.IP{ip}
+	} else {
+		tmpl.DNSNames = []string{host}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		return nil, err
+	}
+	c := &tls.Certificate{Certificate: [][]byte{der, ca.der}, PrivateKey: key}
+	if len(ca.leaves) >= maxLeaves {
+		clear(ca.leaves)
+	}
+	ca.leaves[host] = c
+	return c, nil
+}
+
+// terminates reports whether a CONNECT with these decisions is to be
+// terminated: some holder's rule has REST endpoints and every REST
+// endpoint says tls: terminate. ok is false when a REST endpoint without
+// tls: terminate matched (such a tunnel cannot be inspected).
+func terminates(decisions []Decision) (terminate, ok bool) {
+	for _, d := range decisions {
+		for _, l := range d.l7 {
+			if !l.terminate {
+				return false, false
+			}
+			terminate = true
+		}
+	}
+	return terminate, true
+}
+
+// serveTerminated terminates the agent's TLS inside an allowed CONNECT
+// tunnel to host:port (raw is the dialed upstream TCP connection), opens
+// TLS upstream verified against the system roots (plus Config.UpstreamRoots)
+// and forwards each HTTP/1.1 request after its REST decision, as for
+// plain http:// requests. authority is the CONNECT target.
+func (p *Proxy) serveTerminated(c net.Conn, br *bufio.Reader, raw net.Conn, decisions []Decision, host string, port uint32, authority string, connEv Event) {
+	client := tls.Server(&prefixConn{Conn: c, r: br}, &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"http/1.1"}, // never h2: requests are read as HTTP/1.1
+		GetCertificate: func(hi *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			name := hi.ServerName
+			if name == "" {
+				name = host
+			}
+			if !strings.EqualFold(strings.TrimSuffix(name, "."), host) {
+				return nil, fmt.Errorf("tls server name %q is not the CONNECT host %q", name, host)
+			}
+			return p.cfg.CA.leaf(host)
+		},
+	})
+	_ = c.SetDeadline(time.Now().Add(headerTimeout))
+	if err := client.Handshake(); err != nil {
+		return // the agent does not trust the sandbox CA, or named another host
+	}
+	_ = c.SetDeadline(time.Time{})
+	defer func() { _ = client.Close() }()
+	roots := p.cfg.UpstreamRoots
+	up := tls.Client(raw, &tls.Config{ServerName: host, RootCAs: roots, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
+	_ = raw.SetDeadline(time.Now().Add(p.cfg.DialTimeout))
+	if err := up.Handshake(); err != nil {
+		ev := connEv
+		ev.Decision, ev.Reason = "deny", fmt.Sprintf("upstream tls %s:%d: %v", host, port, err)
+		p.emit(&ev)
+		writeStatus(client, http.StatusBadGateway, ev.Reason)
+		return
+	}
+	_ = raw.SetDeadline(time.Time{})
+	upBR := bufio.NewReader(up)
+	cr := &capReader{r: client}
+	cbr := bufio.NewReaderSize(cr, bufSize)
+	limit := int64(connectHeaderLimit)
+	for {
+		req, status, msg := readRequest(client, cr, cbr, limit)
+		if req == nil {
+			if status != 0 {
+				writeStatus(client, status, msg)
+			}
+			return
+		}
+		limit = httpHeaderLimit
+		ev := Event{Kind: "http", Host: host, Port: port, Method: req.Method, Binary: connEv.Binary, PID: connEv.PID, Policy: connEv.Policy, IP: connEv.IP}
+		if req.URL.IsAbs() || req.URL.Host != "" {
+			writeStatus(client, http.StatusBadRequest, "requests inside a terminated tunnel take origin-form targets")
+			return
+		}
+		// The upstream sees the host that was decided on.
+		req.Host = authority
+		if port == 443 {
+			req.Host = hostForHeader(host)
+		}
+		if !p.inspect(client, req, decisions, &ev) {
+			return
+		}
+		if ev.Decision == "" {
+			ev.Decision = "allow"
+		}
+		p.emit(&ev)
+		if !forward(client, req, up, upBR) {
+			return
+		}
+	}
+}
+
+func hostForHeader(host string) string {
+	if strings.Contains(host, ":") {
+		return "[" + host + "]"
+	}
+	return host
+}
+
+// prefixConn reads first what a bufio.Reader already buffered.
+type prefixConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (p *prefixConn) Read(b []byte) (int, error) {
+	if p.r != nil {
+		if p.r.Buffered() > 0 {
+			return p.r.Read(b)
+		}
+		p.r = nil
+	}
+	return p.Conn.Read(b)
+}
+
+var errNoCA = errors.New("tls: terminate needs the sandbox CA, which this proxy was not given")

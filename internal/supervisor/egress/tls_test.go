@@ -1,0 +1,222 @@
+package egress
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+)
+
+// tlsUpstream is a loopback HTTPS server (certificate for example.com and
+// 127.0.0.1) recording "METHOD path" of every request.
+type tlsUpstream struct {
+	srv  *httptest.Server
+	port uint32
+	mu   sync.Mutex
+	seen []string
+}
+
+func newTLSUpstream(t *testing.T) *tlsUpstream {
+	t.Helper()
+	u := &tlsUpstream{}
+	u.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.mu.Lock()
+		u.seen = append(u.seen, r.Method+" "+r.URL.RequestURI()+" host="+r.Host+" proto="+r.Proto)
+		u.mu.Unlock()
+		fmt.Fprintf(w, "secure %s %s", r.Method, r.URL.Path)
+	}))
+	t.Cleanup(u.srv.Close)
+	_, ps, _ := net.SplitHostPort(u.srv.Listener.Addr().String())
+	n, _ := strconv.Atoi(ps)
+	u.port = uint32(n)
+	return u
+}
+
+func (u *tlsUpstream) requests() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.seen...)
+}
+
+// startTerminating serves a proxy with a sandbox CA for a tls: terminate
+// read-only REST endpoint example.com:port; upstreamRoots verifies the
+// upstream (nil: the system roots).
+func startTerminating(t *testing.T, port uint32, upstreamRoots *x509.CertPool) (*testProxy, *CA) {
+	t.Helper()
+	ca, err := NewCA("test sandbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := map[string]*sandboxv1.NetworkPolicyRule{"api": {Name: "api", Endpoints: []*sandboxv1.NetworkEndpoint{{
+		Host: "example.com", Port: port, AllowedIps: []string{"127.0.0.1"}, Protocol: "rest", Tls: "terminate", Enforcement: "enforce", Access: "read-only"}},
+		Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/curl"}}}}
+	tp := startProxy(t, Config{Resolver: loopbackResolver("example.com"), Identify: fixedCaller("/usr/bin/curl"), CA: ca, UpstreamRoots: upstreamRoots}, rules)
+	return tp, ca
+}
+
+func httpsClient(tp *testProxy, roots *x509.CertPool) *http.Client {
+	return &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(tp.url), ForceAttemptHTTP2: true,
+		TLSClientConfig: &tls.Config{RootCAs: roots, NextProtos: []string{"h2", "http/1.1"}}}}
+}
+
+func upstreamPool(u *tlsUpstream) *x509.CertPool {
+	pool := x509.NewCertPool()
+	pool.AddCert(u.srv.Certificate())
+	return pool
+}
+
+// TestProxyTerminatesTLS: a client trusting the sandbox CA reaches the
+// HTTPS upstream through CONNECT; each inner request is decided by the
+// REST rules (GET allowed and seen upstream, POST refused with 403 and
+// never forwarded), HTTP/2 is not offered, events carry method and path
+// only.
+func TestProxyTerminatesTLS(t *testing.T) {
+	u := newTLSUpstream(t)
+	tp, ca := startTerminating(t, u.port, upstreamPool(u))
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Certificate())
+	c := httpsClient(tp, roots)
+	defer c.CloseIdleConnections()
+	target := fmt.Sprintf("https://example.com:%d/repos/x?token=secret", u.port)
+
+	resp, err := c.Get(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(body) != "secure GET /repos/x" || resp.Proto != "HTTP/1.1" {
+		t.Fatalf("GET: %d %s %q", resp.StatusCode, resp.Proto, body)
+	}
+	if resp.TLS == nil || resp.TLS.PeerCertificates[0].Issuer.CommonName != "test sandbox" {
+		t.Fatalf("GET was not served under the sandbox CA: %+v", resp.TLS)
+	}
+	if ev := tp.events.last(t); ev.Kind != "http" || ev.Decision != "allow" || ev.Method != "GET" || ev.Path != "/repos/x" || ev.Host != "example.com" || ev.Binary != "/usr/bin/curl" {
+		t.Fatalf("GET event: %+v", ev)
+	}
+
+	resp, err = c.Post(target, "text/plain", strings.NewReader("data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(body), `"policy_denied"`) {
+		t.Fatalf("POST: %d %q", resp.StatusCode, body)
+	}
+	ev := tp.events.last(t)
+	if ev.Kind != "http" || ev.Decision != "deny" || ev.Method != "POST" || ev.Path != "/repos/x" {
+		t.Fatalf("POST event: %+v", ev)
+	}
+	tp.events.mu.Lock()
+	for _, e := range tp.events.evs {
+		if strings.Contains(fmt.Sprint(e), "secret") {
+			t.Errorf("event carries the query: %+v", e)
+		}
+	}
+	tp.events.mu.Unlock()
+	want := []string{fmt.Sprintf("GET /repos/x?token=secret host=example.com:%d proto=HTTP/1.1", u.port)}
+	if got := u.requests(); strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("upstream saw %q, want %q", got, want)
+	}
+}
+
+// TestProxyTerminateNeedsTrust: a client that does not trust the sandbox
+// CA fails its handshake and nothing reaches the upstream (no bypass).
+func TestProxyTerminateNeedsTrust(t *testing.T) {
+	u := newTLSUpstream(t)
+	tp, _ := startTerminating(t, u.port, upstreamPool(u))
+	c := httpsClient(tp, upstreamPool(u)) // trusts the real upstream, not the sandbox CA
+	defer c.CloseIdleConnections()
+	resp, err := c.Get(fmt.Sprintf("https://example.com:%d/repos/x", u.port))
+	if err == nil {
+		resp.Body.Close()
+	}
+	if err == nil || !strings.Contains(err.Error(), "certificate signed by unknown authority") {
+		t.Fatalf("GET without trusting the sandbox CA: %v, want an unknown authority error", err)
+	}
+	if got := u.requests(); len(got) != 0 {
+		t.Fatalf("upstream saw %q", got)
+	}
+}
+
+// TestProxyTerminateVerifiesUpstream: an upstream whose certificate the
+// proxy does not trust is refused with 502, nothing is forwarded.
+func TestProxyTerminateVerifiesUpstream(t *testing.T) {
+	u := newTLSUpstream(t)
+	tp, ca := startTerminating(t, u.port, x509.NewCertPool()) // trusts nothing
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Certificate())
+	c := httpsClient(tp, roots)
+	defer c.CloseIdleConnections()
+	resp, err := c.Get(fmt.Sprintf("https://example.com:%d/repos/x", u.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), "upstream tls") {
+		t.Fatalf("GET: %d %q, want 502", resp.StatusCode, body)
+	}
+	if ev := tp.events.last(t); ev.Decision != "deny" || !strings.Contains(ev.Reason, "certificate") {
+		t.Fatalf("event: %+v", ev)
+	}
+	if got := u.requests(); len(got) != 0 {
+		t.Fatalf("upstream saw %q", got)
+	}
+}
+
+// TestProxyRestWithoutTerminateRefusesConnect: a rest endpoint without
+// tls: terminate cannot be inspected inside a tunnel: CONNECT is refused.
+func TestProxyRestWithoutTerminateRefusesConnect(t *testing.T) {
+	u := newTLSUpstream(t)
+	ca, err := NewCA("test sandbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := map[string]*sandboxv1.NetworkPolicyRule{"api": {Name: "api", Endpoints: []*sandboxv1.NetworkEndpoint{{
+		Host: "example.com", Port: u.port, AllowedIps: []string{"127.0.0.1"}, Protocol: "rest", Enforcement: "enforce", Access: "read-only"}}}}
+	tp := startProxy(t, Config{Resolver: loopbackResolver("example.com"), CA: ca}, rules)
+	c := httpsClient(tp, upstreamPool(u))
+	defer c.CloseIdleConnections()
+	resp, err := c.Get(fmt.Sprintf("https://example.com:%d/", u.port))
+	if err == nil {
+		resp.Body.Close()
+	}
+	if err == nil || !strings.Contains(err.Error(), "Forbidden") {
+		t.Fatalf("CONNECT to a rest endpoint without tls terminate: %v", err)
+	}
+}
+
+func TestCALeafCache(t *testing.T) {
+	ca, err := NewCA("c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := ca.leaf("Example.com.")
+	b, _ := ca.leaf("example.com")
+	if a != b {
+		t.Fatal("leaf not cached per host")
+	}
+	leaf, err := x509.ParseCertificate(a.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Certificate())
+	if _, err := leaf.Verify(x509.VerifyOptions{DNSName: "example.com", Roots: pool}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(ca.CertPEM()), "PRIVATE") {
+		t.Fatal("CertPEM carries a key")
+	}
+}
