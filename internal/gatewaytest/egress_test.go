@@ -258,10 +258,26 @@ func egressUpstream(t *testing.T) (curl, port string, portN uint32) {
 // killed and started again re-attaches the running supervisor, whose
 // inherited dialer channel died with the old gateway: the agent's
 // request through the proxy must succeed again (the supervisor reconnects
-// to the dialer socket the new gateway serves).
+// to the dialer socket the new gateway serves). Both kinds of sandbox:
+// one with a host id range of its own (curl from the host system) and a
+// dir: image one whose supervisor runs as the gateway's own host uid
+// (sbhelper get, a static binary, in its workspace).
 func TestEgressProxyAfterGatewayRestart(t *testing.T) {
 	curl, port, portN := egressUpstream(t)
+	t.Run("host", func(t *testing.T) {
+		egressAfterRestart(t, "", curl, port, portN, []string{"sh", "-c", curl + " -s --max-time 10 -w ' %{http_code}' http://allowed.test:" + port + "/"},
+			"upstream saw allowed.test:"+port+" 200")
+	})
+	t.Run("image", func(t *testing.T) {
+		egressAfterRestart(t, busyboxRootfs(t), helperInWorkspace, port, portN, []string{helperInWorkspace, "get", "http://allowed.test:" + port + "/"},
+			"upstream saw allowed.test:"+port)
+	})
+}
 
+// egressAfterRestart runs TestEgressProxyAfterGatewayRestart for one
+// sandbox: the image directory rootfs ("": none), the binary the policy
+// allows, the agent's fetch command and its wanted output.
+func egressAfterRestart(t *testing.T, rootfs, binary, port string, portN uint32, fetchCmd []string, want string) {
 	env := []string{"OPENSHELL_EGRESS_TEST_HOSTS=allowed.test=127.0.0.1"}
 	g := Start(t, Options{Env: env})
 	c := g.Client()
@@ -279,33 +295,37 @@ func TestEgressProxyAfterGatewayRestart(t *testing.T) {
 		NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{
 			"upstream": {
 				Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "allowed.test", Port: portN, AllowedIps: []string{"127.0.0.1"}}},
-				Binaries:  []*sandboxv1.NetworkBinary{{Path: curl}},
+				Binaries:  []*sandboxv1.NetworkBinary{{Path: binary}},
 			},
 		},
 	}
-	created, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "egress-restart", Spec: &openshellv1.SandboxSpec{
-		Command: []string{"sleep", "infinity"}, Policy: pol,
-	}})
+	spec := &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}, Policy: pol}
+	if rootfs != "" {
+		spec.Command = []string{"/bin/sh", "-c", "sleep 1000000"}
+		spec.Template = &openshellv1.SandboxTemplate{Image: "dir:" + rootfs}
+	}
+	created, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "egress-restart", Spec: spec})
 	if err != nil {
 		t.Fatalf("CreateSandbox: %v", err)
 	}
 	id := created.GetSandbox().GetMetadata().GetId()
+	if rootfs != "" {
+		g.InstallHelper(t, id)
+	}
 	WaitPhase(ctx, t, c, "egress-restart", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, time.Minute)
 	if r := waitPolicyStatus(ctx, t, c, "egress-restart", 1).GetRevision(); r.GetStatus() != openshellv1.PolicyStatus_POLICY_STATUS_LOADED {
 		t.Fatalf("policy status = %v (%q), want LOADED", r.GetStatus(), r.GetLoadError())
 	}
-	fetch := func(c openshellv1.OpenShellClient) (string, int32) {
+	fetch := func(c openshellv1.OpenShellClient) (string, string, int32) {
 		t.Helper()
-		out, errOut, code, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"sh", "-c",
-			curl + " -s --max-time 10 -w ' %{http_code}' http://allowed.test:" + port + "/"}})
+		out, errOut, code, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: fetchCmd})
 		if err != nil {
-			t.Fatalf("exec curl: %v (stderr %q)", err, errOut)
+			t.Fatalf("exec %q: %v (stderr %q)", fetchCmd, err, errOut)
 		}
-		return strings.TrimSpace(out), code
+		return strings.TrimSpace(out), errOut, code
 	}
-	want := "upstream saw allowed.test:" + port + " 200"
-	if out, code := fetch(c); out != want {
-		t.Fatalf("curl through the proxy before the restart = exit %d %q, want %q", code, out, want)
+	if out, errOut, code := fetch(c); out != want || code != 0 {
+		t.Fatalf("fetch through the proxy before the restart = exit %d %q (stderr %q), want %q", code, out, errOut, want)
 	}
 	pid := supervisorPID(t, g, id)
 
@@ -316,7 +336,7 @@ func TestEgressProxyAfterGatewayRestart(t *testing.T) {
 	if got := supervisorPID(t, g2, id); got != pid {
 		t.Fatalf("supervisor pid %d after the restart, want the re-attached %d", got, pid)
 	}
-	if out, code := fetch(c2); out != want {
-		t.Fatalf("curl through the proxy after the gateway restart = exit %d %q, want %q (the re-attached supervisor lost its host dialer)", code, out, want)
+	if out, errOut, code := fetch(c2); out != want || code != 0 {
+		t.Fatalf("fetch through the proxy after the gateway restart = exit %d %q (stderr %q), want %q (the re-attached supervisor lost its host dialer)", code, out, errOut, want)
 	}
 }

@@ -7,9 +7,9 @@
 // namespaces (clone flags), in its own process group. The network
 // namespace has nothing but its loopback interface: no egress at all (the
 // egress proxy path does not exist yet), and the supervisor reaches the
-// gateway through the gateway's unix callback socket (in a user namespace
-// with its own range: through its own forwarded socket, below), which is
-// why the driver refuses any other callback endpoint. The new mount namespace
+// gateway through its own socket, which the driver forwards to the
+// gateway's unix callback socket (below), which is why the driver refuses
+// any other callback endpoint. The new mount namespace
 // inherits the host's propagation, so the supervisor must make /
 // recursively private before it mounts anything (see the contract
 // below).
@@ -83,7 +83,7 @@
 //	                              (internal/supervisor/egress/hostdial), a SOCK_SEQPACKET
 //	                              socket on which the driver opens TCP connections in the
 //	                              host's network namespace for the egress proxy
-//	OPENSHELL_EGRESS_DIALER_SOCKET set only with a per-sandbox gateway socket (below):
+//	OPENSHELL_EGRESS_DIALER_SOCKET set with the per-sandbox gateway socket (below):
 //	                              "egress-dialer.sock", the host dialer's socket in the
 //	                              directory of OPENSHELL_ENDPOINT, where the supervisor
 //	                              reconnects when fd 3's channel ended with an earlier
@@ -112,9 +112,12 @@
 // supervisor that outlived the gateway process holding fd 3's other end
 // regains its egress. Both live in the gateway process: they stop with
 // the supervisor or the driver and are resumed for supervisors found
-// running when the driver starts. Sandboxes without an id range get no
-// dialer socket: after a gateway restart their egress fails until they
-// restart. The supervisor closes or marks
+// running when the driver starts. A supervisor without an id range (a
+// rootfs image, or a gateway not running as root) gets the same
+// directory and sockets (OPENSHELL_ENDPOINT names the directory by its
+// path), owned by and checked against the gateway's own host uid, which
+// is the uid it runs as (host root for a rootfs image under a root
+// gateway). The supervisor closes or marks
 // close-on-exec every inherited fd, so none reaches a sandbox process.
 //
 // And, because Go cannot run code between clone and exec, these requests

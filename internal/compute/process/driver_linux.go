@@ -573,6 +573,8 @@ func (d *Driver) spawn(sb *sandbox, rootfs string, l limits, cgRoot string) erro
 		if err != nil {
 			return err
 		}
+	} else if err := d.prepareOwnIDs(sb, cmd); err != nil {
+		return err
 	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = attr

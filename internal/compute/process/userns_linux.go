@@ -293,18 +293,29 @@ func (d *Driver) prepareUserNS(sb *sandbox, cmd *exec.Cmd, base uint32) ([]*os.F
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return files, fmt.Errorf("sandbox %q: token file: %w", id, err)
 	}
+	return d.prepareSockets(sb, cmd, files, pass)
+}
+
+// prepareSockets serves sb's gateway socket and host dialer socket in
+// <sandbox>/gateway/, owned by the host uid its supervisor runs as, and
+// names them to the supervisor: through pass, an inherited fd of a
+// detached copy of the directory, or, with pass nil, by path. Without a unix callback endpoint there is nothing to forward to.
+func (d *Driver) prepareSockets(sb *sandbox, cmd *exec.Cmd, files []*os.File, pass func(*os.File) string) ([]*os.File, error) {
+	id := sb.rec.ID
 	target := unixEndpointPath(d.cfg.endpoint)
 	if target == "" {
 		return files, nil
 	}
+	uid, gid := d.supervisorIDs(sb)
 	d.mu.Lock()
 	p := sb.proxy
 	d.mu.Unlock()
 	if p == nil {
-		if p, err = listenProxy(d.proxyDir(id), target, int(base), int(base)); err != nil {
+		var err error
+		if p, err = listenProxy(d.proxyDir(id), target, uid, gid); err != nil {
 			return files, fmt.Errorf("sandbox %q: gateway socket: %w", id, err)
 		}
-		dl, err := listenDialer(d.proxyDir(id), int(base), int(base))
+		dl, err := listenDialer(d.proxyDir(id), uid, gid)
 		if err != nil {
 			p.Close()
 			return files, fmt.Errorf("sandbox %q: host dialer socket: %w", id, err)
@@ -313,13 +324,35 @@ func (d *Driver) prepareUserNS(sb *sandbox, cmd *exec.Cmd, base uint32) ([]*os.F
 		sb.proxy, sb.dialer = p, dl
 		d.mu.Unlock()
 	}
-	dir, err := openTree(d.proxyDir(id))
-	if err != nil {
-		return files, fmt.Errorf("sandbox %q: %w", id, err)
+	dir := d.proxyDir(id)
+	if pass != nil {
+		f, err := openTree(dir)
+		if err != nil {
+			return files, fmt.Errorf("sandbox %q: %w", id, err)
+		}
+		dir = pass(f)
 	}
-	setEnv(cmd, "OPENSHELL_ENDPOINT", "unix://"+pass(dir)+"/"+proxySocketName)
+	setEnv(cmd, "OPENSHELL_ENDPOINT", "unix://"+dir+"/"+proxySocketName)
 	setEnv(cmd, "OPENSHELL_EGRESS_DIALER_SOCKET", dialerSocketName)
 	return files, nil
+}
+
+// prepareOwnIDs gives a supervisor without an id range of its own (a
+// rootfs image, or a gateway not running as root) the same sockets as
+// prepareUserNS. It runs as the gateway's own host uid, which owns them
+// and can open their directory by path (pinUnixEndpoint pins it).
+func (d *Driver) prepareOwnIDs(sb *sandbox, cmd *exec.Cmd) error {
+	_, err := d.prepareSockets(sb, cmd, nil, nil)
+	return err
+}
+
+// supervisorIDs returns the host uid and gid sb's supervisor runs as: the
+// root of its id range, else the gateway's own.
+func (d *Driver) supervisorIDs(sb *sandbox) (int, int) {
+	if sb.rec.IDBase != 0 {
+		return int(sb.rec.IDBase), int(sb.rec.IDBase)
+	}
+	return os.Geteuid(), os.Getegid()
 }
 
 // setEnv replaces k's entry in cmd.Env.
@@ -347,18 +380,19 @@ func closeProxyLocked(sb *sandbox) {
 }
 
 // resumeProxyLocked restarts the gateway proxy and the host dialer socket
-// of a re-attached user-namespace supervisor. d.mu must be held.
+// of a re-attached supervisor. d.mu must be held.
 func (d *Driver) resumeProxyLocked(sb *sandbox) {
 	target := unixEndpointPath(d.cfg.endpoint)
-	if sb.rec.IDBase == 0 || target == "" || sb.proxy != nil {
+	if target == "" || sb.proxy != nil {
 		return
 	}
-	p, err := listenProxy(d.proxyDir(sb.rec.ID), target, int(sb.rec.IDBase), int(sb.rec.IDBase))
+	uid, gid := d.supervisorIDs(sb)
+	p, err := listenProxy(d.proxyDir(sb.rec.ID), target, uid, gid)
 	if err != nil {
 		d.logger.Error("gateway socket for re-attached supervisor", "sandbox_id", sb.rec.ID, "error", err)
 		return
 	}
-	dl, err := listenDialer(d.proxyDir(sb.rec.ID), int(sb.rec.IDBase), int(sb.rec.IDBase))
+	dl, err := listenDialer(d.proxyDir(sb.rec.ID), uid, gid)
 	if err != nil {
 		// The supervisor talks to the gateway but its egress fails.
 		d.logger.Error("host dialer socket for re-attached supervisor", "sandbox_id", sb.rec.ID, "error", err)

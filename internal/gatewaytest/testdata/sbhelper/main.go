@@ -1,7 +1,8 @@
 // Command sbhelper runs inside test sandboxes: `sbhelper echo PORT` serves
 // a TCP echo on 127.0.0.1:PORT; `sbhelper spew N` writes N bytes of a
 // repeating pattern to stdout; `sbhelper udp HOST:PORT` sends one datagram
-// and prints "sent" or the error.
+// and prints "sent" or the error; `sbhelper get URL` fetches URL through
+// the HTTP_PROXY of its environment and prints the body.
 package main
 
 import (
@@ -9,13 +10,15 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
+	"time"
 )
 
 func main() {
 	if len(os.Args) < 3 {
-		fmt.Fprintln(os.Stderr, "usage: sbhelper echo PORT | spew N | udp HOST:PORT")
+		fmt.Fprintln(os.Stderr, "usage: sbhelper echo PORT | spew N | udp HOST:PORT | get URL")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -50,6 +53,21 @@ func main() {
 			os.Exit(1)
 		}
 		fmt.Println("sent")
+	case "get":
+		cl := &http.Client{Timeout: 10 * time.Second}
+		resp, err := cl.Get(os.Args[2])
+		if err == nil {
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("status %s", resp.Status)
+			} else {
+				_, err = io.Copy(os.Stdout, resp.Body)
+			}
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
 	default:
 		os.Exit(2)
 	}
