@@ -212,11 +212,11 @@ func TestEgressProxy(t *testing.T) {
 	}
 	l7 := proto.Clone(pol).(*sandboxv1.SandboxPolicy)
 	l7.NetworkPolicies["other"] = &sandboxv1.NetworkPolicyRule{
-		Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "other.egress.test", Port: portN, Protocol: "rest", Tls: "terminate", Access: "read-only", AllowedIps: []string{"127.0.0.1"}}},
+		Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "other.egress.test", Port: portN, Tls: "terminate", AllowedIps: []string{"127.0.0.1"}}},
 		Binaries:  []*sandboxv1.NetworkBinary{{Path: curl}},
 	}
 	rev := update(l7, openshellv1.PolicyStatus_POLICY_STATUS_FAILED)
-	if !strings.Contains(rev.GetLoadError(), `rule "other" endpoint "other.egress.test" asks for tls "terminate" (TLS termination is not implemented)`) ||
+	if !strings.Contains(rev.GetLoadError(), `rule "other" endpoint "other.egress.test" asks for tls "terminate" without protocol rest (only REST requests are inspected)`) ||
 		!strings.Contains(rev.GetLoadError(), "the previous network rules stay in force") {
 		t.Errorf("FAILED reload reason = %q", rev.GetLoadError())
 	}

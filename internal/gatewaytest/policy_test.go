@@ -37,7 +37,8 @@ func waitPolicyStatus(ctx context.Context, t *testing.T, c openshellv1.OpenShell
 // spec.policy is refused with every violation and leaves no sandbox; a
 // sandbox created with a policy reaches READY, its policy is version 1 and
 // the supervisor's report is stored on it: FAILED with the reason for an
-// network rule asking for tls: terminate (not implemented), LOADED for a policy of filesystem,
+// network rule asking for tls: terminate without protocol rest (not
+// implemented), LOADED for a policy of filesystem,
 // Landlock and process sections. On the live sandbox only the network
 // rules may change.
 func TestPolicyEndToEnd(t *testing.T) {
@@ -63,7 +64,7 @@ func TestPolicyEndToEnd(t *testing.T) {
 		Version:    1,
 		Filesystem: &sandboxv1.FilesystemPolicy{IncludeWorkdir: true, ReadOnly: []string{"/usr"}, ReadWrite: []string{"/tmp"}},
 		NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{
-			"github": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.github.com", Port: 443, Protocol: "rest", Tls: "terminate", Access: "read-only"}}},
+			"github": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.github.com", Port: 443, Tls: "terminate"}}},
 		},
 	}
 	if _, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "pol", Spec: &openshellv1.SandboxSpec{
@@ -78,7 +79,7 @@ func TestPolicyEndToEnd(t *testing.T) {
 		t.Errorf("policy status of pol = version %d %v (policy %v), want version 1 FAILED with spec.policy", rev.GetVersion(), rev.GetStatus(), rev.GetPolicy())
 	}
 	// The filesystem section is enforced (Landlock); the TLS-terminating network rule is not.
-	if want := `network policies are not enforced as written: rule "github" endpoint "api.github.com" asks for tls "terminate" (TLS termination is not implemented): ` +
+	if want := `network policies are not enforced as written: rule "github" endpoint "api.github.com" asks for tls "terminate" without protocol rest (only REST requests are inspected): ` +
 		`not implemented by the egress proxy, those endpoints are denied (rules: github)`; rev.GetLoadError() != want {
 		t.Errorf("load_error = %q, want %q", rev.GetLoadError(), want)
 	}
