@@ -148,7 +148,7 @@ func startEgress(ctx context.Context, log *slog.Logger, cfg Config, dialer *host
 		e.why = fmt.Errorf("egress proxy listener %s: %w", egressProxyAddr, err)
 		return e
 	}
-	// The sandbox CA for tls: terminate: its key lives only in this
+	// The sandbox CA for TLS to protocol rest endpoints: its key lives only in this
 	// process's memory.
 	ca, err := egress.NewCA("OpenShell sandbox " + cfg.SandboxID)
 	if err == nil {

@@ -26,8 +26,8 @@ import (
 // nil only when the proxy runs and enforces every rule as written (it is
 // not running without a network namespace and host dialer of the
 // sandbox's own; endpoints with protocol rest are enforced for plain
-// http:// requests and, with tls: terminate, inside CONNECT tunnels
-// terminated with the sandbox CA, while other L7 protocols and credential
+// http:// requests and inside CONNECT tunnels (TLS terminated with the
+// sandbox CA), while other L7 protocols and credential
 // handling are not implemented and those endpoints are denied). network_middlewares are not run by anything. See
 // docs/security.md.
 func enforcement(p *sandboxv1.SandboxPolicy, confErr, netErr error) error {

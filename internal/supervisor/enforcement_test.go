@@ -58,8 +58,8 @@ func TestEnforcement(t *testing.T) {
 }
 
 // TestEgressLoadReports: network rules are LOADED only when the proxy runs
-// and enforces every endpoint: protocol rest endpoints (plain HTTP, and
-// HTTPS with tls: terminate) are LOADED, tls: terminate without protocol
+// and enforces every endpoint: protocol rest endpoints (with or without
+// tls: terminate) are LOADED, tls: terminate without protocol
 // rest is named in the FAILED reason.
 func TestEgressLoadReports(t *testing.T) {
 	plain := &sandboxv1.SandboxPolicy{NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{

@@ -21,11 +21,11 @@
 //  4. for endpoints with protocol rest, inspects each plain HTTP request's
 //     method, canonical path and query against the endpoints' allow and
 //     deny rules (l7.go; deny wins, enforce answers 403, audit forwards);
-//     a CONNECT tunnel to such an endpoint is terminated when every such
-//     endpoint says tls: terminate (tls.go: the agent's TLS with a leaf of
-//     the sandbox CA, HTTP/1.1 only; upstream TLS verified against
-//     Config.UpstreamRoots; each inner request inspected as above), else
-//     refused;
+//     inside a CONNECT tunnel to such an endpoint TLS is detected from the
+//     first byte, as in OpenShell (tls: terminate and passthrough change
+//     nothing), and terminated (tls.go: a leaf of the sandbox CA, HTTP/1.1
+//     only; upstream TLS verified against Config.UpstreamRoots), and each
+//     inner request is inspected as above;
 //  5. reports the decision as an Event and counts denials in Denials.
 //
 // Dialing happens outside the sandbox's network namespace through the

@@ -18,9 +18,6 @@ type l7Endpoint struct {
 	enforce bool // false: audit (OpenShell's default when enforcement is unset)
 	// allowEncodedSlash keeps %2F inside a segment instead of refusing it.
 	allowEncodedSlash bool
-	// terminate: tls: terminate, CONNECT tunnels are terminated with the
-	// sandbox CA and their requests inspected.
-	terminate bool
 }
 
 // restRule is one REST allow or deny rule: method ("*" any), path glob
@@ -42,7 +39,7 @@ var accessPresets = map[string][]string{
 // reasons the endpoint cannot be enforced as written, if any.
 func compileL7(ep *sandboxv1.NetworkEndpoint) (*l7Endpoint, []string) {
 	var problems []string
-	l := &l7Endpoint{allowEncodedSlash: ep.GetAllowEncodedSlash(), terminate: ep.GetTls() == "terminate"}
+	l := &l7Endpoint{allowEncodedSlash: ep.GetAllowEncodedSlash()}
 	switch ep.GetEnforcement() {
 	case "", "audit":
 	case "enforce":

@@ -192,9 +192,18 @@ func TestProxyL7RefusesWhatItCannotInspect(t *testing.T) {
 		restRules(up.port, func(*sandboxv1.NetworkEndpoint) {}))
 	target := fmt.Sprintf("api.test:%d", up.port)
 
-	// CONNECT would hide the requests: refused.
-	if code, body := connect(t, tp.url, target); code != 403 || !strings.Contains(body, "protocol rest") {
-		t.Errorf("CONNECT to a rest endpoint = %d %q, want 403", code, body)
+	// Plain HTTP inside a CONNECT tunnel is inspected as well (OpenShell
+	// detects the protocol from the first bytes): GET forwarded, POST 403.
+	tun := dialProxy(t, tp)
+	fmt.Fprintf(tun.c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+	if code := tun.readStatus(t); code != 200 {
+		t.Fatalf("CONNECT = %d", code)
+	}
+	if resp, body := tun.do(t, "GET", "/tunneled?q=1", ""); resp.StatusCode != 200 || body != "ok GET /tunneled " {
+		t.Errorf("GET in the tunnel = %d %q", resp.StatusCode, body)
+	}
+	if resp, body := tun.do(t, "POST", "/tunneled", "x"); resp.StatusCode != 403 || !strings.Contains(body, "policy_denied") {
+		t.Errorf("POST in the tunnel = %d %q, want 403", resp.StatusCode, body)
 	}
 	// A path escaping the root or an encoded slash: 400, not forwarded.
 	for _, p := range []string{"/../etc", "/a%2Fb"} {
@@ -218,8 +227,8 @@ func TestProxyL7RefusesWhatItCannotInspect(t *testing.T) {
 	if code := rc.readStatus(t); code != http.StatusRequestHeaderFieldsTooLarge {
 		t.Errorf("9 KiB first header = %d, want 431", code)
 	}
-	if seen, _ := up.requests(); len(seen) != 1 {
-		t.Errorf("upstream saw %q, want only GET /ok", seen)
+	if seen, _ := up.requests(); strings.Join(seen, "|") != "GET /tunneled?q=1|GET /ok" {
+		t.Errorf("upstream saw %q, want only GET /tunneled?q=1 and GET /ok", seen)
 	}
 }
 

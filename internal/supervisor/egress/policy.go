@@ -54,8 +54,8 @@ type Decision struct {
 	Hostless bool
 	// l7 are the REST endpoints (protocol rest) matching host and port in
 	// every rule that allows the caller: when any, each HTTP request is
-	// inspected against them; a CONNECT tunnel is terminated when every one
-	// of them says tls: terminate, else refused.
+	// inspected against them, inside a CONNECT tunnel too (TLS detected and
+	// terminated).
 	l7 []*l7Endpoint
 }
 
@@ -119,7 +119,7 @@ func Compile(rules map[string]*sandboxv1.NetworkPolicyRule) (*Snapshot, error) {
 
 // unsupported lists what an endpoint asks for beyond host, port(s),
 // allowed_ips, the rule's binaries and REST inspection (protocol rest,
-// of plain HTTP and, with tls: terminate, of CONNECT tunnels): other L7
+// of plain HTTP and of CONNECT tunnels, TLS terminated): other L7
 // protocols, TLS termination without REST, credential handling.
 func unsupported(ep *sandboxv1.NetworkEndpoint) []string {
 	var out []string

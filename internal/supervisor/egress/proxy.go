@@ -47,8 +47,8 @@ type Config struct {
 	OnEvent func(Event)
 	// DialTimeout bounds resolution plus dial (default 10s).
 	DialTimeout time.Duration
-	// CA terminates CONNECT tunnels to endpoints with protocol rest and
-	// tls: terminate; nil refuses such tunnels.
+	// CA terminates TLS in CONNECT tunnels to endpoints with protocol
+	// rest; nil ends such TLS tunnels without forwarding.
 	CA *CA
 	// UpstreamRoots verifies upstream certificates of terminated tunnels
 	// (nil: the system roots).
@@ -208,18 +208,7 @@ func (p *Proxy) handle(c net.Conn) {
 	ev.Host, ev.Port = host, port
 	decisions, status := p.decide(callers, idErr, host, port, &ev)
 	var upstream net.Conn
-	terminate, ok := terminates(decisions)
-	switch {
-	case decisions == nil:
-	case !ok:
-		ev.Decision, ev.Reason = "deny", fmt.Sprintf("endpoint %s:%d has protocol rest without tls: terminate: its requests are inspected only as plain http:// through the proxy, a CONNECT tunnel to it cannot be inspected", host, port)
-		status = http.StatusForbidden
-		decisions = nil
-	case terminate && p.cfg.CA == nil:
-		ev.Decision, ev.Reason = "deny", errNoCA.Error()
-		status = http.StatusForbidden
-		decisions = nil
-	}
+	inspect := decisions != nil && inspected(decisions)
 	if decisions != nil {
 		upstream, status = p.dial(decisions, host, port, &ev)
 	}
@@ -236,8 +225,8 @@ func (p *Proxy) handle(c net.Conn) {
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
 		return
 	}
-	if terminate {
-		p.serveTerminated(c, br, upstream, decisions, host, port, req.Host, ev)
+	if inspect {
+		p.serveInspected(c, br, upstream, decisions, host, port, req.Host, ev)
 		return
 	}
 	splice(c, br, upstream)

@@ -117,59 +117,73 @@ func (ca *CA) leaf(host string) (*tls.Certificate, error) {
 	return c, nil
 }
 
-// terminates reports whether a CONNECT with these decisions is to be
-// terminated: some holder's rule has REST endpoints and every REST
-// endpoint says tls: terminate. ok is false when a REST endpoint without
-// tls: terminate matched (such a tunnel cannot be inspected).
-func terminates(decisions []Decision) (terminate, ok bool) {
+// inspected reports whether a CONNECT with these decisions carries REST
+// endpoints, whose requests are then inspected inside the tunnel.
+func inspected(decisions []Decision) bool {
 	for _, d := range decisions {
-		for _, l := range d.l7 {
-			if !l.terminate {
-				return false, false
-			}
-			terminate = true
+		if len(d.l7) > 0 {
+			return true
 		}
 	}
-	return terminate, true
+	return false
 }
 
-// serveTerminated terminates the agent's TLS inside an allowed CONNECT
-// tunnel to host:port (raw is the dialed upstream TCP connection), opens
-// TLS upstream verified against the system roots (plus Config.UpstreamRoots)
-// and forwards each HTTP/1.1 request after its REST decision, as for
-// plain http:// requests. authority is the CONNECT target.
-func (p *Proxy) serveTerminated(c net.Conn, br *bufio.Reader, raw net.Conn, decisions []Decision, host string, port uint32, authority string, connEv Event) {
-	client := tls.Server(&prefixConn{Conn: c, r: br}, &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		NextProtos: []string{"http/1.1"}, // never h2: requests are read as HTTP/1.1
-		GetCertificate: func(hi *tls.ClientHelloInfo) (*tls.Certificate, error) {
-			name := hi.ServerName
-			if name == "" {
-				name = host
-			}
-			if !strings.EqualFold(strings.TrimSuffix(name, "."), host) {
-				return nil, fmt.Errorf("tls server name %q is not the CONNECT host %q", name, host)
-			}
-			return p.cfg.CA.leaf(host)
-		},
-	})
-	_ = c.SetDeadline(time.Now().Add(headerTimeout))
-	if err := client.Handshake(); err != nil {
-		return // the agent does not trust the sandbox CA, or named another host
-	}
-	_ = c.SetDeadline(time.Time{})
-	defer func() { _ = client.Close() }()
-	roots := p.cfg.UpstreamRoots
-	up := tls.Client(raw, &tls.Config{ServerName: host, RootCAs: roots, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
-	_ = raw.SetDeadline(time.Now().Add(p.cfg.DialTimeout))
-	if err := up.Handshake(); err != nil {
-		ev := connEv
-		ev.Decision, ev.Reason = "deny", fmt.Sprintf("upstream tls %s:%d: %v", host, port, err)
-		p.emit(&ev)
-		writeStatus(client, http.StatusBadGateway, ev.Reason)
+// serveInspected serves an allowed CONNECT tunnel to host:port whose
+// endpoints have protocol rest (raw is the dialed upstream TCP
+// connection). As in OpenShell, TLS is detected from the first byte the
+// agent sends: TLS is terminated with a leaf of the sandbox CA (HTTP/1.1
+// only) and re-opened upstream, verified against Config.UpstreamRoots (nil:
+// the system roots); anything else is read as plain HTTP/1.1. Either way
+// each request is decided by the REST rules and forwarded as a plain
+// http:// request is. authority is the CONNECT target.
+func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, decisions []Decision, host string, port uint32, authority string, connEv Event) {
+	_ = c.SetReadDeadline(time.Now().Add(headerTimeout))
+	first, err := br.Peek(1)
+	_ = c.SetReadDeadline(time.Time{})
+	if err != nil {
 		return
 	}
-	_ = raw.SetDeadline(time.Time{})
+	var client, up net.Conn = &prefixConn{Conn: c, r: br}, raw
+	if first[0] == 0x16 { // a TLS handshake record
+		if p.cfg.CA == nil {
+			ev := connEv
+			ev.Decision, ev.Reason = "deny", errNoCA.Error()
+			p.emit(&ev)
+			return
+		}
+		tc := tls.Server(client, &tls.Config{
+			MinVersion: tls.VersionTLS12,
+			NextProtos: []string{"http/1.1"}, // never h2: requests are read as HTTP/1.1
+			GetCertificate: func(hi *tls.ClientHelloInfo) (*tls.Certificate, error) {
+				name := hi.ServerName
+				if name == "" {
+					name = host
+				}
+				if !strings.EqualFold(strings.TrimSuffix(name, "."), host) {
+					return nil, fmt.Errorf("tls server name %q is not the CONNECT host %q", name, host)
+				}
+				return p.cfg.CA.leaf(host)
+			},
+		})
+		_ = c.SetDeadline(time.Now().Add(headerTimeout))
+		if err := tc.Handshake(); err != nil {
+			return // the agent does not trust the sandbox CA, or named another host
+		}
+		_ = c.SetDeadline(time.Time{})
+		defer func() { _ = tc.Close() }()
+		client = tc
+		utc := tls.Client(raw, &tls.Config{ServerName: host, RootCAs: p.cfg.UpstreamRoots, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
+		_ = raw.SetDeadline(time.Now().Add(p.cfg.DialTimeout))
+		if err := utc.Handshake(); err != nil {
+			ev := connEv
+			ev.Decision, ev.Reason = "deny", fmt.Sprintf("upstream tls %s:%d: %v", host, port, err)
+			p.emit(&ev)
+			writeStatus(client, http.StatusBadGateway, ev.Reason)
+			return
+		}
+		_ = raw.SetDeadline(time.Time{})
+		up = utc
+	}
 	upBR := bufio.NewReader(up)
 	cr := &capReader{r: client}
 	cbr := bufio.NewReaderSize(cr, bufSize)
@@ -190,7 +204,7 @@ func (p *Proxy) serveTerminated(c net.Conn, br *bufio.Reader, raw net.Conn, deci
 		}
 		// The upstream sees the host that was decided on.
 		req.Host = authority
-		if port == 443 {
+		if port == 443 || port == 80 {
 			req.Host = hostForHeader(host)
 		}
 		if !p.inspect(client, req, decisions, &ev) {
@@ -229,4 +243,4 @@ func (p *prefixConn) Read(b []byte) (int, error) {
 	return p.Conn.Read(b)
 }
 
-var errNoCA = errors.New("tls: terminate needs the sandbox CA, which this proxy was not given")
+var errNoCA = errors.New("tls to a protocol rest endpoint needs the sandbox CA to be inspected, which this proxy was not given")

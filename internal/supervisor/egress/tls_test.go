@@ -48,7 +48,8 @@ func (u *tlsUpstream) requests() []string {
 }
 
 // startTerminating serves a proxy with a sandbox CA for a tls: terminate
-// read-only REST endpoint example.com:port; upstreamRoots verifies the
+// (the deprecated spelling, as OpenShell's examples have it) read-only REST
+// endpoint example.com:port; upstreamRoots verifies the
 // upstream (nil: the system roots).
 func startTerminating(t *testing.T, port uint32, upstreamRoots *x509.CertPool) (*testProxy, *CA) {
 	t.Helper()
@@ -175,25 +176,40 @@ func TestProxyTerminateVerifiesUpstream(t *testing.T) {
 	}
 }
 
-// TestProxyRestWithoutTerminateRefusesConnect: a rest endpoint without
-// tls: terminate cannot be inspected inside a tunnel: CONNECT is refused.
-func TestProxyRestWithoutTerminateRefusesConnect(t *testing.T) {
+// TestProxyRestDetectsTLS: as in OpenShell, TLS to a rest endpoint is
+// detected and terminated whatever its tls field says (terminate and
+// passthrough change nothing); without a sandbox CA nothing is forwarded.
+func TestProxyRestDetectsTLS(t *testing.T) {
 	u := newTLSUpstream(t)
 	ca, err := NewCA("test sandbox")
 	if err != nil {
 		t.Fatal(err)
 	}
-	rules := map[string]*sandboxv1.NetworkPolicyRule{"api": {Name: "api", Endpoints: []*sandboxv1.NetworkEndpoint{{
-		Host: "example.com", Port: u.port, AllowedIps: []string{"127.0.0.1"}, Protocol: "rest", Enforcement: "enforce", Access: "read-only"}}}}
-	tp := startProxy(t, Config{Resolver: loopbackResolver("example.com"), CA: ca}, rules)
-	c := httpsClient(tp, upstreamPool(u))
-	defer c.CloseIdleConnections()
-	resp, err := c.Get(fmt.Sprintf("https://example.com:%d/", u.port))
-	if err == nil {
-		resp.Body.Close()
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Certificate())
+	for _, tc := range []struct {
+		tls  string
+		ca   *CA
+		want int
+	}{{"", ca, 200}, {"passthrough", ca, 200}, {"", nil, 0}} {
+		rules := map[string]*sandboxv1.NetworkPolicyRule{"api": {Name: "api", Endpoints: []*sandboxv1.NetworkEndpoint{{
+			Host: "example.com", Port: u.port, AllowedIps: []string{"127.0.0.1"}, Protocol: "rest", Tls: tc.tls, Enforcement: "enforce", Access: "read-only"}},
+			Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/curl"}}}}
+		tp := startProxy(t, Config{Resolver: loopbackResolver("example.com"), Identify: fixedCaller("/usr/bin/curl"), CA: tc.ca, UpstreamRoots: upstreamPool(u)}, rules)
+		c := httpsClient(tp, roots)
+		resp, err := c.Get(fmt.Sprintf("https://example.com:%d/x", u.port))
+		got := 0
+		if err == nil {
+			got = resp.StatusCode
+			resp.Body.Close()
+		}
+		c.CloseIdleConnections()
+		if got != tc.want {
+			t.Errorf("tls %q, CA %v: GET = %d (%v), want %d", tc.tls, tc.ca != nil, got, err, tc.want)
+		}
 	}
-	if err == nil || !strings.Contains(err.Error(), "Forbidden") {
-		t.Fatalf("CONNECT to a rest endpoint without tls terminate: %v", err)
+	if got := u.requests(); len(got) != 2 {
+		t.Errorf("upstream saw %q, want the two terminated GETs", got)
 	}
 }
 
