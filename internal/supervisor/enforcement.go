@@ -23,13 +23,12 @@ import (
 // Landlock hard_requirement it cannot meet), and then no agent process
 // starts. network_policies are enforced by the egress proxy
 // (internal/supervisor/egress): netErr is the error of installing them,
-// nil only when the proxy runs and enforces every rule as written (it is
-// not running without a network namespace and host dialer of the
-// sandbox's own; endpoints with protocol rest are enforced for plain
-// http:// requests and inside CONNECT tunnels (TLS terminated with the
-// sandbox CA), while other L7 protocols and credential
-// handling are not implemented and those endpoints are denied). network_middlewares are not run by anything. See
-// docs/security.md.
+// nil only when the proxy runs and enforces every rule as written. The
+// proxy does not run without a network namespace and host dialer of the
+// sandbox's own; protocol rest endpoints are enforced for plain http://
+// requests and inside CONNECT tunnels (TLS terminated with the sandbox
+// CA); other L7 protocols are not implemented and their endpoints are
+// denied. network_middlewares are run by nothing. See docs/security.md.
 func enforcement(p *sandboxv1.SandboxPolicy, confErr, netErr error) error {
 	var errs []error
 	if confErr != nil {
