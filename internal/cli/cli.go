@@ -296,6 +296,20 @@ func argsUsage(v cobra.PositionalArgs) cobra.PositionalArgs {
 }
 
 // parseKV parses repeated k=v flags into a map.
+// deleteEach calls del for every name, printing "Deleted KIND NAME" for each
+// one that succeeded, and returns the joined errors of the ones that failed.
+func (a *app) deleteEach(names []string, kind string, del func(name string) error) error {
+	var errs []error
+	for _, name := range names {
+		if err := del(name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		_, _ = fmt.Fprintf(a.stdout, "Deleted %s %s\n", kind, name)
+	}
+	return errors.Join(errs...)
+}
+
 func parseKV(flag string, vals []string) (map[string]string, error) {
 	if len(vals) == 0 {
 		return nil, nil

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"regexp"
 	"sort"
@@ -49,6 +48,18 @@ sandbox sees only placeholders, and no command prints a value.`,
 // parseCredentials parses --credential flags: KEY=VALUE, or a bare KEY whose
 // value is read from openshell's own environment. Its errors never contain a
 // value.
+// parseCredentialsConfig parses the --credential and --config values of
+// provider create and update.
+func (a *app) parseCredentialsConfig(creds, config []string) (cr, cfg map[string]string, err error) {
+	if cr, err = a.parseCredentials(creds); err != nil {
+		return nil, nil, err
+	}
+	if cfg, err = parseKV("config", config); err != nil {
+		return nil, nil, err
+	}
+	return cr, cfg, nil
+}
+
 func (a *app) parseCredentials(vals []string) (map[string]string, error) {
 	if len(vals) == 0 {
 		return nil, nil
@@ -206,11 +217,7 @@ this process, under the profile's environment variable names
 			if typ == "" {
 				return usagef("--type is required ('openshell provider list-profiles' lists the types)")
 			}
-			cr, err := a.parseCredentials(creds)
-			if err != nil {
-				return err
-			}
-			cfg, err := parseKV("config", config)
+			cr, cfg, err := a.parseCredentialsConfig(creds, config)
 			if err != nil {
 				return err
 			}
@@ -341,11 +348,7 @@ the environment of this process. The type cannot change.`,
 			if len(creds) == 0 && len(config) == 0 && !existing {
 				return usagef("nothing to update: give --credential, --config or --from-existing")
 			}
-			cr, err := a.parseCredentials(creds)
-			if err != nil {
-				return err
-			}
-			cfg, err := parseKV("config", config)
+			cr, cfg, err := a.parseCredentialsConfig(creds, config)
 			if err != nil {
 				return err
 			}
@@ -399,19 +402,16 @@ func (a *app) newProviderDeleteCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var errs []error
-			for _, name := range args {
+			return a.deleteEach(args, "provider", func(name string) error {
 				resp, err := c.DeleteProvider(cmd.Context(), &openshellv1.DeleteProviderRequest{Name: name, Workspace: a.ws()})
 				if err == nil && !resp.GetDeleted() {
 					err = status.Error(codes.NotFound, "provider not found")
 				}
 				if err != nil {
-					errs = append(errs, a.rpcError(err, providerWhat(name)))
-					continue
+					return a.rpcError(err, providerWhat(name))
 				}
-				_, _ = fmt.Fprintf(a.stdout, "Deleted provider %s\n", name)
-			}
-			return errors.Join(errs...)
+				return nil
+			})
 		},
 	}
 }

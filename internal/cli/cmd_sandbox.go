@@ -488,15 +488,12 @@ func (a *app) newSandboxDeleteCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var errs []error
-			for _, name := range args {
+			return a.deleteEach(args, "sandbox", func(name string) error {
 				if _, err := c.DeleteSandbox(cmd.Context(), &openshellv1.DeleteSandboxRequest{Name: name, Workspace: a.ws()}); err != nil {
-					errs = append(errs, a.rpcError(err, sandboxWhat(name)))
-					continue
+					return a.rpcError(err, sandboxWhat(name))
 				}
-				_, _ = fmt.Fprintf(a.stdout, "Deleted sandbox %s\n", name)
-			}
-			return errors.Join(errs...)
+				return nil
+			})
 		},
 	}
 }

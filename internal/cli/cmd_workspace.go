@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -186,19 +185,16 @@ func (a *app) newWorkspaceDeleteCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var errs []error
-			for _, name := range args {
+			return a.deleteEach(args, "workspace", func(name string) error {
 				resp, err := c.DeleteWorkspace(cmd.Context(), &openshellv1.DeleteWorkspaceRequest{Name: name})
 				if err == nil && !resp.GetDeleted() {
 					err = status.Error(codes.NotFound, "workspace not found")
 				}
 				if err != nil {
-					errs = append(errs, a.workspaceRPCError(err, name))
-					continue
+					return a.workspaceRPCError(err, name)
 				}
-				_, _ = fmt.Fprintf(a.stdout, "Deleted workspace %s\n", name)
-			}
-			return errors.Join(errs...)
+				return nil
+			})
 		},
 	}
 }
