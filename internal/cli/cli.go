@@ -296,6 +296,21 @@ func argsUsage(v cobra.PositionalArgs) cobra.PositionalArgs {
 }
 
 // parseKV parses repeated k=v flags into a map.
+// nameFromArgOrFlag returns the KIND name of a create command, given either
+// as its one argument or with --name (flag), but not as two different values;
+// missing is the usage error when it is given neither way.
+func nameFromArgOrFlag(kind string, args []string, flag, missing string) (string, error) {
+	switch {
+	case len(args) == 1 && flag != "" && args[0] != flag:
+		return "", usagef("give the %s name once: as an argument or with --name", kind)
+	case len(args) == 1:
+		return args[0], nil
+	case flag == "":
+		return "", usagef("%s", missing)
+	}
+	return flag, nil
+}
+
 // deleteEach calls del for every name, printing "Deleted KIND NAME" for each
 // one that succeeded, and returns the joined errors of the ones that failed.
 func (a *app) deleteEach(names []string, kind string, del func(name string) error) error {

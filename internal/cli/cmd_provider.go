@@ -206,13 +206,9 @@ this process, under the profile's environment variable names
 		Example: "  export OPENAI_API_KEY=...\n  openshell provider create work-openai --type openai --credential OPENAI_API_KEY\n  openshell provider create --name gh --type github --credential GITHUB_TOKEN --config org=acme",
 		Args:    argsUsage(cobra.MaximumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			switch {
-			case len(args) == 1 && name != "" && args[0] != name:
-				return usagef("give the provider name once: as an argument or with --name")
-			case len(args) == 1:
-				name = args[0]
-			case name == "":
-				return usagef("a provider name is required: openshell provider create NAME --type TYPE")
+			name, err := nameFromArgOrFlag("provider", args, name, "a provider name is required: openshell provider create NAME --type TYPE")
+			if err != nil {
+				return err
 			}
 			if typ == "" {
 				return usagef("--type is required ('openshell provider list-profiles' lists the types)")

@@ -57,13 +57,9 @@ func (a *app) newWorkspaceCreateCmd() *cobra.Command {
 		Example: "  openshell workspace create team-a --label env=dev\n  openshell workspace create --name team-a",
 		Args:    argsUsage(cobra.MaximumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			switch {
-			case len(args) == 1 && name != "" && args[0] != name:
-				return usagef("give the workspace name once: as an argument or with --name")
-			case len(args) == 1:
-				name = args[0]
-			case name == "":
-				return usagef("a workspace name is required: openshell workspace create NAME")
+			name, err := nameFromArgOrFlag("workspace", args, name, "a workspace name is required: openshell workspace create NAME")
+			if err != nil {
+				return err
 			}
 			lbl, err := parseKV("label", labels)
 			if err != nil {
