@@ -2,13 +2,6 @@ package gatewaytest
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"net/http"
-	"net/http/httptest"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -25,62 +18,26 @@ import (
 // forwards a POST; every decision is in the log stream with method and
 // canonical path, never the query.
 func TestEgressL7REST(t *testing.T) {
-	curl, err := exec.LookPath("curl")
-	if err == nil {
-		curl, err = filepath.EvalSymlinks(curl)
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("curl is required: %v", err)
-		}
-		t.Skip("curl not installed")
-	}
-	seen := make(chan string, 16)
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		seen <- r.Method + " " + r.Host + " " + r.URL.Path
-		fmt.Fprintf(w, "upstream %s %s", r.Method, r.URL.Path)
-	}))
-	defer upstream.Close()
-	_, port, _ := net.SplitHostPort(upstream.Listener.Addr().String())
-	var portN uint32
-	fmt.Sscan(port, &portN)
+	curl := requireCurl(t)
+	_, seen, port, portN := recordingUpstream(t, false)
 
 	g := Start(t, Options{Env: []string{"OPENSHELL_EGRESS_TEST_HOSTS=api.l7.test=127.0.0.1,audit.l7.test=127.0.0.1"}})
 	c := g.Client()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	pol := &sandboxv1.SandboxPolicy{
-		Version: 1,
-		Filesystem: &sandboxv1.FilesystemPolicy{
-			IncludeWorkdir: true,
-			ReadOnly:       []string{"/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"},
-			ReadWrite:      []string{"/tmp"},
-		},
-		Landlock: &sandboxv1.LandlockPolicy{Compatibility: "best_effort"},
-		Process:  &sandboxv1.ProcessPolicy{RunAsUser: "sandbox", RunAsGroup: "sandbox"},
-		NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{
-			"api": {
-				Endpoints: []*sandboxv1.NetworkEndpoint{
-					{Host: "api.l7.test", Port: portN, AllowedIps: []string{"127.0.0.1"}, Protocol: "rest", Enforcement: "enforce", Access: "read-only",
-						DenyRules: []*sandboxv1.L7DenyRule{{Method: "GET", Path: "/admin/**"}}},
-					{Host: "audit.l7.test", Port: portN, AllowedIps: []string{"127.0.0.1"}, Protocol: "rest", Enforcement: "audit",
-						Rules: []*sandboxv1.L7Rule{{Allow: &sandboxv1.L7Allow{Method: "GET", Path: "/**"}}}},
-				},
-				Binaries: []*sandboxv1.NetworkBinary{{Path: curl}},
+	pol := egressPolicy(map[string]*sandboxv1.NetworkPolicyRule{
+		"api": {
+			Endpoints: []*sandboxv1.NetworkEndpoint{
+				{Host: "api.l7.test", Port: portN, AllowedIps: []string{"127.0.0.1"}, Protocol: "rest", Enforcement: "enforce", Access: "read-only",
+					DenyRules: []*sandboxv1.L7DenyRule{{Method: "GET", Path: "/admin/**"}}},
+				{Host: "audit.l7.test", Port: portN, AllowedIps: []string{"127.0.0.1"}, Protocol: "rest", Enforcement: "audit",
+					Rules: []*sandboxv1.L7Rule{{Allow: &sandboxv1.L7Allow{Method: "GET", Path: "/**"}}}},
 			},
+			Binaries: []*sandboxv1.NetworkBinary{{Path: curl}},
 		},
-	}
-	created, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "l7", Spec: &openshellv1.SandboxSpec{
-		Command: []string{"sleep", "infinity"}, Policy: pol,
-	}})
-	if err != nil {
-		t.Fatalf("CreateSandbox: %v", err)
-	}
-	id := created.GetSandbox().GetMetadata().GetId()
-	WaitPhase(ctx, t, c, "l7", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, time.Minute)
-	if r := waitPolicyStatus(ctx, t, c, "l7", 1).GetRevision(); r.GetStatus() != openshellv1.PolicyStatus_POLICY_STATUS_LOADED {
-		t.Fatalf("policy status = %v (%q), want LOADED: protocol rest on plain HTTP is enforced", r.GetStatus(), r.GetLoadError())
-	}
+	})
+	id := createEgressSandbox(ctx, t, c, "l7", &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}, Policy: pol})
+	waitEgressLoaded(ctx, t, c, "l7", "protocol rest on plain HTTP is enforced")
 	sh := func(script string) string {
 		t.Helper()
 		out, errOut, _, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"sh", "-c", script}})
@@ -134,28 +91,5 @@ func TestEgressL7REST(t *testing.T) {
 			return f["decision"] == "audit" && f["host"] == "audit.l7.test" && f["method"] == "POST" && f["reason"] == "POST /x not permitted by policy"
 		},
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for len(want) > 0 && time.Now().Before(deadline) {
-		resp, err := c.GetSandboxLogs(ctx, &openshellv1.GetSandboxLogsRequest{SandboxId: id, Sources: []string{"sandbox"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range resp.GetLogs() {
-			if l.GetTarget() != "openshell_sandbox::egress" {
-				continue
-			}
-			if strings.Contains(fmt.Sprint(l.GetMessage(), l.GetFields()), "query-secret") {
-				t.Fatalf("a decision event carries the query string: %v", l)
-			}
-			for k, match := range want {
-				if match(l.GetFields()) {
-					delete(want, k)
-				}
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	for k := range want {
-		t.Errorf("no %q decision event in GetSandboxLogs", k)
-	}
+	waitEgressEvents(ctx, t, c, id, want)
 }

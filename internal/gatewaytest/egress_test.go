@@ -3,12 +3,9 @@ package gatewaytest
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -37,43 +34,24 @@ func TestEgressProxy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 
-	pol := &sandboxv1.SandboxPolicy{
-		Version: 1,
-		Filesystem: &sandboxv1.FilesystemPolicy{
-			IncludeWorkdir: true,
-			ReadOnly:       []string{"/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"},
-			ReadWrite:      []string{"/tmp"},
-		},
-		Landlock: &sandboxv1.LandlockPolicy{Compatibility: "best_effort"},
-		Process:  &sandboxv1.ProcessPolicy{RunAsUser: "sandbox", RunAsGroup: "sandbox"},
-		NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{
-			"upstream": {
-				Endpoints: []*sandboxv1.NetworkEndpoint{
-					{Host: "allowed.test", Port: portN, AllowedIps: []string{"127.0.0.1"}},
-					// Allowed by name, but it resolves to loopback and
-					// allowed_ips does not say so: the SSRF guard refuses it.
-					{Host: "internal.egress.test", Port: portN},
-				},
-				Binaries: []*sandboxv1.NetworkBinary{{Path: curl}},
+	pol := egressPolicy(map[string]*sandboxv1.NetworkPolicyRule{
+		"upstream": {
+			Endpoints: []*sandboxv1.NetworkEndpoint{
+				{Host: "allowed.test", Port: portN, AllowedIps: []string{"127.0.0.1"}},
+				// Allowed by name, but it resolves to loopback and
+				// allowed_ips does not say so: the SSRF guard refuses it.
+				{Host: "internal.egress.test", Port: portN},
 			},
-			// A binary the agent itself writes into the workspace.
-			"copied": {
-				Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "allowed.test", Port: portN, AllowedIps: []string{"127.0.0.1"}}},
-				Binaries:  []*sandboxv1.NetworkBinary{{Path: "/sandbox/bin/client"}},
-			},
+			Binaries: []*sandboxv1.NetworkBinary{{Path: curl}},
 		},
-	}
-	created, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "egress", Spec: &openshellv1.SandboxSpec{
-		Command: []string{"sleep", "infinity"}, Policy: pol,
-	}})
-	if err != nil {
-		t.Fatalf("CreateSandbox: %v", err)
-	}
-	id := created.GetSandbox().GetMetadata().GetId()
-	WaitPhase(ctx, t, c, "egress", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, time.Minute)
-	if r := waitPolicyStatus(ctx, t, c, "egress", 1).GetRevision(); r.GetStatus() != openshellv1.PolicyStatus_POLICY_STATUS_LOADED {
-		t.Fatalf("policy status = %v (%q), want LOADED: the proxy enforces host, port, allowed_ips and binaries", r.GetStatus(), r.GetLoadError())
-	}
+		// A binary the agent itself writes into the workspace.
+		"copied": {
+			Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "allowed.test", Port: portN, AllowedIps: []string{"127.0.0.1"}}},
+			Binaries:  []*sandboxv1.NetworkBinary{{Path: "/sandbox/bin/client"}},
+		},
+	})
+	id := createEgressSandbox(ctx, t, c, "egress", &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}, Policy: pol})
+	waitEgressLoaded(ctx, t, c, "egress", "the proxy enforces host, port, allowed_ips and binaries")
 
 	sh := func(script string) (string, int32) {
 		t.Helper()
@@ -149,30 +127,7 @@ func TestEgressProxy(t *testing.T) {
 				f["reason"] == "endpoint other.egress.test:"+port+" is not allowed by any policy"
 		},
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for len(want) > 0 && time.Now().Before(deadline) {
-		resp, err := c.GetSandboxLogs(ctx, &openshellv1.GetSandboxLogsRequest{SandboxId: id, Sources: []string{"sandbox"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range resp.GetLogs() {
-			if l.GetTarget() != "openshell_sandbox::egress" {
-				continue
-			}
-			if strings.Contains(fmt.Sprint(l.GetMessage(), l.GetFields()), "query-secret") {
-				t.Fatalf("a decision event carries the query string: %v", l)
-			}
-			for k, match := range want {
-				if match(l.GetFields()) {
-					delete(want, k)
-				}
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	for k := range want {
-		t.Errorf("no %q decision event in GetSandboxLogs", k)
-	}
+	waitEgressEvents(ctx, t, c, id, want)
 
 	// Live reload: a new version is polled, swapped in for new
 	// connections and reported within 2 s; a version the proxy cannot
@@ -234,22 +189,12 @@ func TestEgressProxy(t *testing.T) {
 // namespace that answers "upstream saw <Host>"; it stops with the test.
 func egressUpstream(t *testing.T) (curl, port string, portN uint32) {
 	t.Helper()
-	curl, err := exec.LookPath("curl")
-	if err == nil {
-		curl, err = filepath.EvalSymlinks(curl)
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("curl is required: %v", err)
-		}
-		t.Skip("curl not installed")
-	}
+	curl = requireCurl(t)
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "upstream saw %s", r.Host)
 	}))
 	t.Cleanup(upstream.Close)
-	_, port, _ = net.SplitHostPort(upstream.Listener.Addr().String())
-	fmt.Sscan(port, &portN)
+	port, portN = upstreamPort(upstream)
 	return curl, port, portN
 }
 
@@ -283,39 +228,22 @@ func egressAfterRestart(t *testing.T, rootfs, binary, port string, portN uint32,
 	c := g.Client()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	pol := &sandboxv1.SandboxPolicy{
-		Version: 1,
-		Filesystem: &sandboxv1.FilesystemPolicy{
-			IncludeWorkdir: true,
-			ReadOnly:       []string{"/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"},
-			ReadWrite:      []string{"/tmp"},
+	pol := egressPolicy(map[string]*sandboxv1.NetworkPolicyRule{
+		"upstream": {
+			Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "allowed.test", Port: portN, AllowedIps: []string{"127.0.0.1"}}},
+			Binaries:  []*sandboxv1.NetworkBinary{{Path: binary}},
 		},
-		Landlock: &sandboxv1.LandlockPolicy{Compatibility: "best_effort"},
-		Process:  &sandboxv1.ProcessPolicy{RunAsUser: "sandbox", RunAsGroup: "sandbox"},
-		NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{
-			"upstream": {
-				Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "allowed.test", Port: portN, AllowedIps: []string{"127.0.0.1"}}},
-				Binaries:  []*sandboxv1.NetworkBinary{{Path: binary}},
-			},
-		},
-	}
+	})
 	spec := &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}, Policy: pol}
 	if rootfs != "" {
 		spec.Command = []string{"/bin/sh", "-c", "sleep 1000000"}
 		spec.Template = &openshellv1.SandboxTemplate{Image: "dir:" + rootfs}
 	}
-	created, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "egress-restart", Spec: spec})
-	if err != nil {
-		t.Fatalf("CreateSandbox: %v", err)
-	}
-	id := created.GetSandbox().GetMetadata().GetId()
+	id := createEgressSandbox(ctx, t, c, "egress-restart", spec)
 	if rootfs != "" {
 		g.InstallHelper(t, id)
 	}
-	WaitPhase(ctx, t, c, "egress-restart", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, time.Minute)
-	if r := waitPolicyStatus(ctx, t, c, "egress-restart", 1).GetRevision(); r.GetStatus() != openshellv1.PolicyStatus_POLICY_STATUS_LOADED {
-		t.Fatalf("policy status = %v (%q), want LOADED", r.GetStatus(), r.GetLoadError())
-	}
+	waitEgressLoaded(ctx, t, c, "egress-restart", "")
 	fetch := func(c openshellv1.OpenShellClient) (string, string, int32) {
 		t.Helper()
 		out, errOut, code, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: fetchCmd})

@@ -3,12 +3,7 @@ package gatewaytest
 import (
 	"context"
 	"encoding/pem"
-	"fmt"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -27,25 +22,8 @@ import (
 // (never forwarded); curl trusting only the system roots fails the
 // handshake (no uninspected fallback).
 func TestEgressTLSTerminate(t *testing.T) {
-	curl, err := exec.LookPath("curl")
-	if err == nil {
-		curl, err = filepath.EvalSymlinks(curl)
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("curl is required: %v", err)
-		}
-		t.Skip("curl not installed")
-	}
-	seen := make(chan string, 16)
-	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		seen <- r.Method + " " + r.Host + " " + r.URL.Path
-		fmt.Fprintf(w, "upstream %s %s", r.Method, r.URL.Path)
-	}))
-	defer upstream.Close()
-	_, port, _ := net.SplitHostPort(upstream.Listener.Addr().String())
-	var portN uint32
-	fmt.Sscan(port, &portN)
+	curl := requireCurl(t)
+	upstream, seen, port, portN := recordingUpstream(t, true)
 	// Readable by the supervisor, which may run under other ids in a user
 	// namespace of its own (t.TempDir's parent is private).
 	caDir, err := os.MkdirTemp("", "egress-tls-ca-")
@@ -66,35 +44,16 @@ func TestEgressTLSTerminate(t *testing.T) {
 	c := g.Client()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	pol := &sandboxv1.SandboxPolicy{
-		Version: 1,
-		Filesystem: &sandboxv1.FilesystemPolicy{
-			IncludeWorkdir: true,
-			ReadOnly:       []string{"/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"},
-			ReadWrite:      []string{"/tmp"},
-		},
-		Landlock: &sandboxv1.LandlockPolicy{Compatibility: "best_effort"},
-		Process:  &sandboxv1.ProcessPolicy{RunAsUser: "sandbox", RunAsGroup: "sandbox"},
-		NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{
-			"api": {
-				Endpoints: []*sandboxv1.NetworkEndpoint{
-					{Host: "example.com", Port: portN, AllowedIps: []string{"127.0.0.1"}, Protocol: "rest", Tls: "terminate", Enforcement: "enforce", Access: "read-only"},
-				},
-				Binaries: []*sandboxv1.NetworkBinary{{Path: curl}},
+	pol := egressPolicy(map[string]*sandboxv1.NetworkPolicyRule{
+		"api": {
+			Endpoints: []*sandboxv1.NetworkEndpoint{
+				{Host: "example.com", Port: portN, AllowedIps: []string{"127.0.0.1"}, Protocol: "rest", Tls: "terminate", Enforcement: "enforce", Access: "read-only"},
 			},
+			Binaries: []*sandboxv1.NetworkBinary{{Path: curl}},
 		},
-	}
-	created, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "tls", Spec: &openshellv1.SandboxSpec{
-		Command: []string{"sleep", "infinity"}, Policy: pol,
-	}})
-	if err != nil {
-		t.Fatalf("CreateSandbox: %v", err)
-	}
-	id := created.GetSandbox().GetMetadata().GetId()
-	WaitPhase(ctx, t, c, "tls", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, time.Minute)
-	if r := waitPolicyStatus(ctx, t, c, "tls", 1).GetRevision(); r.GetStatus() != openshellv1.PolicyStatus_POLICY_STATUS_LOADED {
-		t.Fatalf("policy status = %v (%q), want LOADED: tls terminate on a rest endpoint is enforced", r.GetStatus(), r.GetLoadError())
-	}
+	})
+	id := createEgressSandbox(ctx, t, c, "tls", &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}, Policy: pol})
+	waitEgressLoaded(ctx, t, c, "tls", "tls terminate on a rest endpoint is enforced")
 	sh := func(script string) (string, string) {
 		t.Helper()
 		out, errOut, _, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"sh", "-c", script}})

@@ -17,7 +17,7 @@ import (
 
 // waitPolicyStatus polls GetSandboxPolicyStatus until version of sandbox
 // name leaves PENDING and returns that revision with the active version.
-func waitPolicyStatus(ctx context.Context, t *testing.T, c openshellv1.OpenShellClient, name string, version uint32) *openshellv1.GetSandboxPolicyStatusResponse {
+func waitPolicyStatus(ctx context.Context, t testing.TB, c openshellv1.OpenShellClient, name string, version uint32) *openshellv1.GetSandboxPolicyStatusResponse {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	var last *openshellv1.GetSandboxPolicyStatusResponse

@@ -313,20 +313,10 @@ func TestProxySurvivesAcceptErrors(t *testing.T) {
 // TestProxyShutdownClosesTunnels: closing the listener ends Serve even
 // while a tunnel is open and idle on both sides.
 func TestProxyShutdownClosesTunnels(t *testing.T) {
-	up, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer up.Close()
-	go func() {
-		for {
-			c, err := up.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close() // idle: never writes, never closes until the test ends
-		}
-	}()
+	up := loopbackServer(t, func(c net.Conn) {
+		// idle: never writes, never closes until the test ends
+		go func() { <-t.Context().Done(); c.Close() }()
+	})
 	port := uint32(up.Addr().(*net.TCPAddr).Port)
 	s, _ := Compile(curlRules(port, "127.0.0.1"))
 	p := New(Config{Resolver: loopbackResolver("allowed.test"), Identify: fixedCaller("/usr/bin/curl"), Dial: loopbackDial}, s)
@@ -445,20 +435,9 @@ func TestDenialsBounded(t *testing.T) {
 // with direct ones to the same sink: setup latency (p50 added by the
 // proxy) and bulk throughput (x-direct: proxied MB/s over direct MB/s).
 func BenchmarkConnect(b *testing.B) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
-		}
-	}()
+	ln := loopbackServer(b, func(c net.Conn) {
+		go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
+	})
 	port := uint32(ln.Addr().(*net.TCPAddr).Port)
 	self, err := os.Executable()
 	if err != nil {
@@ -553,4 +532,26 @@ func procCount() int {
 		}
 	}
 	return n
+}
+
+// loopbackServer listens on a loopback port, hands every accepted
+// connection to handle (on the accept goroutine) and closes the listener
+// when the test ends.
+func loopbackServer(t testing.TB, handle func(net.Conn)) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			handle(c)
+		}
+	}()
+	return ln
 }

@@ -13,21 +13,10 @@ import (
 )
 
 func TestDialThroughChannel(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = io.WriteString(c, "hi from "+c.LocalAddr().String())
-			c.Close()
-		}
-	}()
+	ln := loopbackServer(t, func(c net.Conn) {
+		_, _ = io.WriteString(c, "hi from "+c.LocalAddr().String())
+		c.Close()
+	})
 	serve, child, err := Pair()
 	if err != nil {
 		t.Fatal(err)
@@ -85,21 +74,10 @@ func TestDialThroughChannel(t *testing.T) {
 // (the gateway exited); the next dial reconnects through the listening
 // socket of the next driver, which accepts only its supervisor's uid.
 func TestRedialAfterDriverExit(t *testing.T) {
-	up, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer up.Close()
-	go func() {
-		for {
-			c, err := up.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = c.Write([]byte("up"))
-			c.Close()
-		}
-	}()
+	up := loopbackServer(t, func(c net.Conn) {
+		_, _ = c.Write([]byte("up"))
+		c.Close()
+	})
 	target := netip.MustParseAddrPort(up.Addr().String())
 	serve, child, err := Pair()
 	if err != nil {
@@ -152,4 +130,26 @@ func TestRedialAfterDriverExit(t *testing.T) {
 	if got, err := read(); err != nil || got != "up" {
 		t.Fatalf("dial after the driver came back = %q, %v", got, err)
 	}
+}
+
+// loopbackServer listens on a loopback port, hands every accepted
+// connection to handle (on the accept goroutine) and closes the listener
+// when the test ends.
+func loopbackServer(t testing.TB, handle func(net.Conn)) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			handle(c)
+		}
+	}()
+	return ln
 }
