@@ -15,6 +15,7 @@ command -v ssh >/dev/null 2>&1 || pkgs+=(openssh-client)
 command -v python3 >/dev/null 2>&1 || pkgs+=(python3)
 [ -x /bin/busybox ] || pkgs+=(busybox-static)
 command -v curl >/dev/null 2>&1 || pkgs+=(curl)
+command -v wget >/dev/null 2>&1 || pkgs+=(wget)
 if [ "${#pkgs[@]}" -eq 0 ]; then
   exit 0
 fi

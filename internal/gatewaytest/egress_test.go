@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -75,10 +76,16 @@ func TestEgressProxy(t *testing.T) {
 	if out, _ := sh(curl + " -s -o /dev/null -w '%{http_code}' http://other.egress.test:" + port + "/"); out != "403" {
 		t.Errorf("curl to another host = %q, want 403", out)
 	}
-	if wget, err := exec.LookPath("wget"); err == nil {
+	wget, err := exec.LookPath("wget")
+	switch {
+	case err == nil:
 		if out, code := sh(wget + " -q -O - " + target); code == 0 || strings.Contains(out, "upstream saw") {
 			t.Errorf("wget (not in the rule's binaries) got through: exit %d, %q", code, out)
 		}
+	case os.Getenv("CI") == "true":
+		t.Errorf("wget not found (CI=true; test/install-deps.sh installs it): %v", err)
+	default:
+		t.Logf("wget not installed: the other-binary case is not run")
 	}
 	if out, code := sh(curl + " -s --noproxy '*' --max-time 5 -o /dev/null -w '%{http_code}' http://127.0.0.1:" + port + "/"); code == 0 || out != "000" {
 		t.Errorf("direct connection to the upstream's port = exit %d %q, want a failure (loopback only)", code, out)
