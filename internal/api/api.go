@@ -3,7 +3,8 @@
 // logs, workspaces, identity, policy, providers and supervisors each
 // implement their RPCs; RPCs no domain implements answer Unimplemented
 // (the server adds the gateway-level ones: Health, GetCurrentUser,
-// GetGatewayInfo).
+// GetGatewayInfo). The inference domain serves the second gRPC service,
+// openshell.inference.v1.Inference, exposed as Service.Inference.
 //
 // The domain packages never import each other; they share only authz.
 // What one domain's RPC means for another (a deleted sandbox's buffered
@@ -22,6 +23,7 @@ import (
 	"github.com/openshell-go/openshell/internal/api/authz"
 	"github.com/openshell-go/openshell/internal/api/exec"
 	"github.com/openshell-go/openshell/internal/api/identity"
+	"github.com/openshell-go/openshell/internal/api/inference"
 	"github.com/openshell-go/openshell/internal/api/logs"
 	"github.com/openshell-go/openshell/internal/api/policy"
 	"github.com/openshell-go/openshell/internal/api/providers"
@@ -98,6 +100,8 @@ type Service struct {
 
 	// Authz is the membership authorizer every domain shares.
 	Authz *authz.Authorizer
+	// Inference serves the second gRPC service, openshell.inference.v1.Inference.
+	Inference *inference.Service
 }
 
 var _ openshellv1.OpenShellServer = (*Service)(nil)
@@ -145,6 +149,7 @@ func New(o Options) *Service {
 		providersAPI:   providers.New(providers.Options{Engine: o.Engine, Authz: az, Providers: o.Providers}),
 		supervisorsAPI: supervisors.New(supervisors.Options{Engine: o.Engine, Relay: o.Relay, GatewayLog: gatewayLog}),
 		Authz:          az,
+		Inference:      inference.New(inference.Options{Store: o.Store, Providers: o.Providers, Authz: az, Now: o.Now}),
 	}
 }
 

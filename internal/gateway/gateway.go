@@ -257,7 +257,7 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 		Logger: logger, Authenticator: chain, Authorizer: authz, CallbackListener: cbLn,
 		RateLimit: server.RateLimit{Requests: cfg.RateLimit.Requests, Window: cfg.RateLimit.Window},
 		Deps: server.Deps{
-			Logger: logger, API: sandboxes,
+			Logger: logger, API: sandboxes, Inference: sandboxes.Inference,
 			Drivers: func(context.Context) ([]server.DriverInfo, error) {
 				return []server.DriverInfo{{Name: driverName, Capabilities: caps}}, nil
 			},

@@ -44,6 +44,10 @@ type Deps struct {
 	// (internal/api.Service, composed of the API domain packages); nil
 	// leaves them Unimplemented.
 	API openshellv1.OpenShellServer
+	// Inference implements openshell.inference.v1.Inference
+	// (internal/api/inference); nil leaves GetInferenceBundle answering
+	// NotFound and the route RPCs Unimplemented.
+	Inference inferencev1.InferenceServer
 }
 
 // OpenShellService implements openshell.v1.OpenShell. Its handlers are
@@ -133,8 +137,8 @@ func (s *OpenShellService) GetGatewayInfo(ctx context.Context, _ *openshellv1.Ge
 	return resp, nil
 }
 
-// InferenceService implements openshell.inference.v1.Inference; every RPC
-// answers Unimplemented until the inference handlers land.
+// InferenceService is the stand-in for openshell.inference.v1.Inference
+// when Deps.Inference is nil: the route RPCs answer Unimplemented.
 type InferenceService struct {
 	inferencev1.UnimplementedInferenceServer
 	deps Deps

@@ -179,7 +179,10 @@ func New(opts Options) (*Server, error) {
 		return &pipeline{log: log, authn: opts.Authenticator, authz: opts.Authorizer, limiter: limiter, metrics: m, callbackOnly: callbackOnly}
 	}
 	svc := NewOpenShellService(opts.Deps)
-	inf := &InferenceService{deps: svc.deps}
+	var inf inferencev1.InferenceServer = &InferenceService{deps: svc.deps}
+	if opts.Deps.Inference != nil {
+		inf = opts.Deps.Inference
+	}
 	newGRPC := func(p *pipeline) *grpc.Server {
 		g := grpc.NewServer(
 			grpc.Creds(sniffCreds{}),
