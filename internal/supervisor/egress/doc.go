@@ -7,10 +7,13 @@
 // alive; every request is decided on its own) the proxy
 //
 //  1. identifies the processes holding the client socket (identify_linux.go:
-//     the TCP tuple to the socket inode through /proc/net/tcp{,6}, the inode
-//     to pids through /proc/*/fd, then /proc/<pid>/exe and the parents'
-//     executables; a binary's content is hashed on first use and a later
-//     different content at the same path is denied);
+//     the TCP tuple to the socket inode through the kernel's sock_diag
+//     netlink lookup, the inode to every holder by scanning /proc/*/fd,
+//     then each holder's executable and its parents' through the
+//     /proc/<pid> directory opened during the scan, so a reused pid is
+//     never confused with the holder; a binary's content is hashed on
+//     first use, cached by file identity, and a later different content
+//     at the same path is denied);
 //  2. decides against one immutable Snapshot of network_policies (host
 //     exact or wildcard, port, binaries; the first matching rule by name);
 //  3. resolves the host once, refuses loopback, link-local, private and

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -20,12 +21,31 @@ import (
 
 // ProcIdentifier maps a proxied connection to the processes holding its
 // client socket, through a procfs mounted at Root (normally /proc) of the
-// sandbox's pid and network namespaces.
+// sandbox's pid namespace, in the sandbox's network namespace.
+//
+// Per connection it asks the kernel for the socket's inode (sock_diag, an
+// exact lookup; /proc/net/tcp{,6} when netlink is unavailable), then scans
+// every process's descriptors for that inode: the complete set of holders
+// is needed (a socket handed to another process must not be attributed to
+// the first one only), and no cache of descriptors can prove that (a
+// descriptor number is reused for another file without notice). Each
+// holder's /proc/<pid> directory is opened during the scan and its
+// executable and parents are read through that descriptor, so a holder
+// that exits and whose pid is reused by another process is not confused
+// with it (reads through the old directory fail). The executable hashes
+// for trust on first use are cached by file identity (device, inode,
+// size, mtime, ctime), so an unchanged binary is hashed once.
 type ProcIdentifier struct {
 	Root string
 	// Self is a pid never reported as a caller or ancestor (the
 	// supervisor itself); 0 means os.Getpid().
 	Self int
+
+	// lookup, when set, replaces the kernel's socket lookup (tests).
+	lookup func(client, server netip.AddrPort) (uint64, error)
+	// afterScan, when set, runs between the descriptor scan and the
+	// reading of the holders' executables (tests).
+	afterScan func()
 
 	mu     sync.Mutex
 	byPath map[string]string  // exe path -> sha256 seen first (trust on first use)
@@ -42,40 +62,96 @@ type fileKey struct {
 	mtime, ctm unix.Timespec
 }
 
+// holder is a process holding the socket, with its /proc/<pid> directory
+// open.
+type holder struct {
+	pid int
+	dir int
+}
+
 // Identify implements Config.Identify.
 func (p *ProcIdentifier) Identify(client, server netip.AddrPort) ([]Caller, error) {
 	ino, err := p.socketInode(client, server)
 	if err != nil {
 		return nil, err
 	}
-	pids, err := p.socketOwners(ino)
+	root, err := unix.Open(p.Root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", p.Root, err)
+	}
+	defer unix.Close(root) //nolint:errcheck // read-only directory
+	holders, err := p.socketOwners(root, ino)
+	defer func() {
+		for _, h := range holders {
+			_ = unix.Close(h.dir)
+		}
+	}()
 	if err != nil {
 		return nil, err
 	}
-	if len(pids) == 0 {
+	if len(holders) == 0 {
 		return nil, fmt.Errorf("no process holds the socket of %s", client)
 	}
-	out := make([]Caller, 0, len(pids))
-	for _, pid := range pids {
-		c := Caller{PID: pid}
-		c.Exe, c.Err = p.exe(pid)
-		if c.Err == nil {
-			c.Err = p.verify(pid, c.Exe)
-		}
-		for pp := p.parent(pid); pp > 1 && pp != p.self(); pp = p.parent(pp) {
-			e, err := p.exe(pp)
-			if err != nil {
-				break
-			}
-			if c.Err == nil {
-				c.Err = p.verify(pp, e)
-			}
-			c.Ancestors = append(c.Ancestors, e)
-		}
-		out = append(out, c)
+	if p.afterScan != nil {
+		p.afterScan()
+	}
+	out := make([]Caller, 0, len(holders))
+	for _, h := range holders {
+		out = append(out, p.caller(root, h))
 	}
 	return out, nil
 }
+
+// caller reads the executable of holder h and of its parents.
+func (p *ProcIdentifier) caller(root int, h holder) Caller {
+	c := Caller{PID: h.pid}
+	c.Exe, c.Err = readExe(h.dir, h.pid)
+	if c.Err == nil {
+		c.Err = p.verify(h.dir, h.pid, c.Exe)
+	}
+	cur := h.dir
+	defer func() {
+		if cur != h.dir {
+			_ = unix.Close(cur)
+		}
+	}()
+	for range maxAncestors {
+		pp := parentPID(cur)
+		if pp <= 1 || pp == p.self() {
+			return c
+		}
+		pd, err := unix.Openat(root, strconv.Itoa(pp), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return c
+		}
+		// The parent may have exited and its pid been reused between
+		// reading it and opening its directory: then the child has been
+		// reparented and names another parent now.
+		if parentPID(cur) != pp {
+			_ = unix.Close(pd)
+			if c.Err == nil {
+				c.Err = fmt.Errorf("parent of pid %d changed while identifying it", h.pid)
+			}
+			return c
+		}
+		if cur != h.dir {
+			_ = unix.Close(cur)
+		}
+		cur = pd
+		e, err := readExe(pd, pp)
+		if err != nil {
+			return c
+		}
+		if c.Err == nil {
+			c.Err = p.verify(pd, pp, e)
+		}
+		c.Ancestors = append(c.Ancestors, e)
+	}
+	return c
+}
+
+// maxAncestors bounds the walk up the process tree.
+const maxAncestors = 64
 
 func (p *ProcIdentifier) self() int {
 	if p.Self != 0 {
@@ -84,9 +160,27 @@ func (p *ProcIdentifier) self() int {
 	return os.Getpid()
 }
 
-// socketInode finds the client socket (local address client, remote
-// address server) in /proc/net/tcp and tcp6.
+// socketInode finds the inode of the client socket (local address client,
+// remote address server).
 func (p *ProcIdentifier) socketInode(client, server netip.AddrPort) (uint64, error) {
+	if p.lookup != nil {
+		return p.lookup(client, server)
+	}
+	ino, _, err := diagSocket(client, server)
+	if errors.Is(err, errNoSockDiag) {
+		return p.procNetInode(client, server)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if ino == 0 {
+		return 0, fmt.Errorf("socket of %s has no inode (already closed)", client)
+	}
+	return ino, nil
+}
+
+// procNetInode finds the client socket in /proc/net/tcp and tcp6.
+func (p *ProcIdentifier) procNetInode(client, server netip.AddrPort) (uint64, error) {
 	for _, f := range []string{"net/tcp", "net/tcp6"} {
 		data, err := os.ReadFile(filepath.Join(p.Root, f))
 		if err != nil {
@@ -139,84 +233,181 @@ func parseProcAddr(s string) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(a.Unmap(), uint16(port)), nil
 }
 
-// socketOwners lists the pids with an fd on socket inode ino.
-func (p *ProcIdentifier) socketOwners(ino uint64) ([]int, error) {
-	ents, err := os.ReadDir(p.Root)
-	if err != nil {
-		return nil, err
-	}
-	want := "socket:[" + strconv.FormatUint(ino, 10) + "]"
+// socketOwners lists the processes with a descriptor on socket inode ino,
+// each with its /proc/<pid> directory open (the caller closes them). It
+// uses raw getdents and readlinkat relative to open directories: this
+// scan is the cost of identification.
+func (p *ProcIdentifier) socketOwners(root int, ino uint64) ([]holder, error) {
+	want := []byte("socket:[" + strconv.FormatUint(ino, 10) + "]")
+	self := p.self()
 	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == p.self() {
+	dents := make([]byte, 16<<10)
+	err := eachDirent(root, dents, func(name []byte) {
+		if pid, ok := atoi(name); ok && pid != self {
+			pids = append(pids, pid)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", p.Root, err)
+	}
+	var holders []holder
+	link := make([]byte, len(want)+1)
+	for _, pid := range pids {
+		ps := strconv.Itoa(pid)
+		fd, ok := heldAt(root, ps+"/fd", dents, link, want)
+		if !ok {
 			continue
 		}
-		fdDir := filepath.Join(p.Root, e.Name(), "fd")
-		fds, err := os.ReadDir(fdDir)
+		// Bind the holder to its process: open its directory and check
+		// the descriptor through it (the pid may have been reused since
+		// the scan; a process that exited fails the check).
+		pd, err := unix.Openat(root, ps, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			continue // exited, or a kernel thread
+			continue
 		}
-		for _, fd := range fds {
-			if l, err := os.Readlink(filepath.Join(fdDir, fd.Name())); err == nil && l == want {
-				pids = append(pids, pid)
-				break
-			}
+		if n, err := unix.Readlinkat(pd, "fd/"+fd, link); err != nil || n != len(want) || !bytes.Equal(link[:n], want) {
+			_ = unix.Close(pd)
+			continue
 		}
+		holders = append(holders, holder{pid: pid, dir: pd})
 	}
-	return pids, nil
+	return holders, nil
 }
 
-func (p *ProcIdentifier) exe(pid int) (string, error) {
-	l, err := os.Readlink(filepath.Join(p.Root, strconv.Itoa(pid), "exe"))
+// heldAt returns the descriptor (its name in the fd directory at path
+// under root) whose link reads want, if any.
+func heldAt(root int, path string, dents, link, want []byte) (string, bool) {
+	fdd, err := unix.Openat(root, path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", false // exited, or a kernel thread
+	}
+	defer unix.Close(fdd) //nolint:errcheck // read-only directory
+	var found string
+	_ = eachDirent(fdd, dents, func(name []byte) {
+		if found != "" || name[0] < '0' || name[0] > '9' {
+			return
+		}
+		n, err := unix.Readlinkat(fdd, string(name), link)
+		if err == nil && n == len(want) && bytes.Equal(link[:n], want) {
+			found = string(name)
+		}
+	})
+	return found, found != ""
+}
+
+// eachDirent calls f with the name of every entry of the open directory
+// fd, read with getdents64 into buf.
+func eachDirent(fd int, buf []byte, f func(name []byte)) error {
+	for {
+		n, err := unix.Getdents(fd, buf)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n <= 0 {
+			return nil
+		}
+		last := n+maxDirent <= len(buf)
+		// struct linux_dirent64: ino u64, off s64, reclen u16, type u8, name.
+		for off := 0; off+19 < n; {
+			reclen := int(binary.NativeEndian.Uint16(buf[off+16:]))
+			if reclen <= 19 || off+reclen > n {
+				return errors.New("malformed directory entry")
+			}
+			name := buf[off+19 : off+reclen]
+			if i := bytes.IndexByte(name, 0); i >= 0 {
+				name = name[:i]
+			}
+			off += reclen
+			if len(name) > 0 {
+				f(name)
+			}
+		}
+		if last {
+			// procfs fills the buffer until an entry does not fit: room
+			// left for the largest entry means the listing is complete
+			// (saves a getdents per process).
+			return nil
+		}
+	}
+}
+
+// maxDirent is the size of the largest linux_dirent64 (a 255-byte name).
+const maxDirent = 19 + 256 + 5
+
+// atoi parses a decimal pid.
+func atoi(b []byte) (int, bool) {
+	if len(b) == 0 || len(b) > 9 {
+		return 0, false
+	}
+	n := 0
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, true
+}
+
+// readExe reads the executable link of the process of /proc directory pd.
+func readExe(pd, pid int) (string, error) {
+	buf := make([]byte, unix.PathMax)
+	n, err := unix.Readlinkat(pd, "exe", buf)
 	if err != nil {
 		return "", fmt.Errorf("read executable of pid %d: %w", pid, err)
 	}
-	return l, nil
+	return string(buf[:n]), nil
 }
 
-// parent returns pid's parent pid, or 0.
-func (p *ProcIdentifier) parent(pid int) int {
-	data, err := os.ReadFile(filepath.Join(p.Root, strconv.Itoa(pid), "stat"))
+// parentPID returns the parent pid of the process of /proc directory pd,
+// or 0.
+func parentPID(pd int) int {
+	fd, err := unix.Openat(pd, "stat", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0
 	}
+	defer unix.Close(fd) //nolint:errcheck // read-only file
+	var buf [1024]byte
+	n, err := unix.Read(fd, buf[:])
+	if err != nil || n <= 0 {
+		return 0
+	}
+	data := buf[:n]
 	// comm may contain anything; the fields after the last ')' are fixed.
 	i := bytes.LastIndexByte(data, ')')
 	if i < 0 {
 		return 0
 	}
-	f := strings.Fields(string(data[i+1:]))
+	f := bytes.Fields(data[i+1:])
 	if len(f) < 2 {
 		return 0
 	}
-	pp, _ := strconv.Atoi(f[1])
+	pp, _ := atoi(f[1])
 	return pp
 }
 
-// verify hashes the executable pid runs (through /proc/<pid>/exe, so the
-// file actually executed, even if the path now names another) and checks
-// it against the first hash seen for path.
-func (p *ProcIdentifier) verify(pid int, path string) error {
-	f, err := os.Open(filepath.Join(p.Root, strconv.Itoa(pid), "exe"))
-	if err != nil {
-		return fmt.Errorf("open executable of pid %d: %w", pid, err)
-	}
-	defer f.Close()
+// verify checks the executable pid runs (through /proc/<pid>/exe, so the
+// file actually executed, even if the path now names another) against the
+// first hash seen for path. The file is hashed only when its identity
+// (device, inode, size, mtime, ctime) is not in the cache: rewriting a
+// file changes its ctime, whatever its mtime is set back to.
+func (p *ProcIdentifier) verify(pd, pid int, path string) error {
 	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+	if err := unix.Fstatat(pd, "exe", &st, 0); err != nil {
 		return fmt.Errorf("stat executable of pid %d: %w", pid, err)
 	}
-	k := fileKey{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctm: st.Ctim}
+	k := keyOf(&st)
 	p.mu.Lock()
 	sum, ok := p.byFile[k]
 	p.mu.Unlock()
 	if !ok {
-		h := sha256.New()
-		if _, err := io.Copy(h, f); err != nil {
-			return fmt.Errorf("hash executable of pid %d: %w", pid, err)
+		var err error
+		if k, sum, err = hashExe(pd, pid); err != nil {
+			return err
 		}
-		sum = hex.EncodeToString(h.Sum(nil))
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -237,4 +428,28 @@ func (p *ProcIdentifier) verify(pid int, path string) error {
 		return fmt.Errorf("binary %s changed since its first use in this sandbox (sha256 %.12s, first seen %.12s)", path, sum, first)
 	}
 	return nil
+}
+
+func keyOf(st *unix.Stat_t) fileKey {
+	return fileKey{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctm: st.Ctim}
+}
+
+// hashExe hashes the executable of the process of /proc directory pd and
+// returns the identity of the file it hashed.
+func hashExe(pd, pid int) (fileKey, string, error) {
+	fd, err := unix.Openat(pd, "exe", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fileKey{}, "", fmt.Errorf("open executable of pid %d: %w", pid, err)
+	}
+	f := os.NewFile(uintptr(fd), "exe")
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fileKey{}, "", fmt.Errorf("stat executable of pid %d: %w", pid, err)
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return fileKey{}, "", fmt.Errorf("hash executable of pid %d: %w", pid, err)
+	}
+	return keyOf(&st), hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -1,11 +1,16 @@
 package egress
 
 import (
+	"bufio"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
@@ -119,4 +124,223 @@ func TestBinaryIdentity(t *testing.T) {
 		t.Errorf("binary allowed through its ancestor %s: status %q, want 200", sh, out)
 	}
 	wantEvent("allow", filepath.Join(dir, "allowed2", "curl"), "")
+}
+
+// A binary rewritten in place with its size and modification time kept
+// (same device and inode) is not taken from the hash cache: its ctime
+// changed, so it is hashed again and denied.
+func TestBinaryRewrittenInPlace(t *testing.T) {
+	curl := needTool(t, "curl")
+	port := upstream(t)
+	allowed := filepath.Join(t.TempDir(), "curl")
+	copyFile(t, curl, allowed, nil)
+	rules := map[string]*sandboxv1.NetworkPolicyRule{"up": {Name: "up",
+		Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "allowed.test", Port: port, AllowedIps: []string{"127.0.0.1"}}},
+		Binaries:  []*sandboxv1.NetworkBinary{{Path: allowed}}}}
+	tp := startProxy(t, Config{Resolver: loopbackResolver("allowed.test"), Identify: (&ProcIdentifier{Root: "/proc"}).Identify}, rules)
+	status := func() string {
+		out, _ := exec.Command(allowed, "-s", "-o", "/dev/null", "-w", "%{http_code}", "-x", tp.url.String(),
+			fmt.Sprintf("http://allowed.test:%d/x", port)).CombinedOutput()
+		return strings.TrimSpace(string(out))
+	}
+	if got := status(); got != "200" {
+		t.Fatalf("allowed binary: status %s, want 200", got)
+	}
+	before, err := os.Stat(allowed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Change the last byte (the section header table, which the loader
+	// does not read), then set the mtime back.
+	f, err := os.OpenFile(allowed, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := make([]byte, 1)
+	if _, err := f.ReadAt(last, before.Size()-1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{last[0] ^ 0xff}, before.Size()-1); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(allowed, before.ModTime(), before.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	after, err := os.Stat(allowed)
+	if err != nil || after.Size() != before.Size() || !after.ModTime().Equal(before.ModTime()) {
+		t.Fatalf("rewrite changed size or mtime: %v %v (%v)", before, after, err)
+	}
+	if got := status(); got != "403" {
+		t.Errorf("binary rewritten in place: status %s, want 403", got)
+	}
+	if ev := tp.events.last(t); ev.Decision != "deny" || !strings.Contains(ev.Reason, "changed since its first use") {
+		t.Errorf("event = %+v, want a denial for the changed binary", ev)
+	}
+}
+
+// fakeProc builds a procfs-like tree under dir: process pid runs exe
+// (whose parent is ppid) and holds socket inode ino at descriptor 3.
+func fakeProc(t *testing.T, dir string, pid, ppid int, exe string, ino uint64) {
+	t.Helper()
+	p := filepath.Join(dir, strconv.Itoa(pid))
+	if err := os.MkdirAll(filepath.Join(p, "fd"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(fmt.Sprintf("socket:[%d]", ino), filepath.Join(p, "fd", "3")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(exe, filepath.Join(p, "exe")); err != nil {
+		t.Fatal(err)
+	}
+	stat := fmt.Sprintf("%d (x) S %d 0 0\n", pid, ppid)
+	if err := os.WriteFile(filepath.Join(p, "stat"), []byte(stat), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A holder that exits after the descriptor scan, its pid then taken by a
+// process running an allowed binary, is still identified as the process
+// that held the socket: its executable is read through the /proc
+// directory opened during the scan, never through the pid again.
+func TestIdentifyPIDReuse(t *testing.T) {
+	root := t.TempDir()
+	bins := t.TempDir()
+	evil, allowed := filepath.Join(bins, "evil"), filepath.Join(bins, "allowed")
+	for _, b := range []string{evil, allowed} {
+		if err := os.WriteFile(b, []byte(b), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const ino = 4242
+	fakeProc(t, root, 100, 1, evil, ino)
+	id := &ProcIdentifier{Root: root, Self: -1,
+		lookup: func(netip.AddrPort, netip.AddrPort) (uint64, error) { return ino, nil }}
+	id.afterScan = func() {
+		// pid 100 exits and is reused by an allowed process (which does
+		// not even hold the socket).
+		if err := os.Rename(filepath.Join(root, "100"), filepath.Join(root, "gone")); err != nil {
+			t.Fatal(err)
+		}
+		fakeProc(t, root, 100, 1, allowed, 1)
+	}
+	a := netip.MustParseAddrPort("127.0.0.1:5000")
+	callers, err := id.Identify(a, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(callers) != 1 || callers[0].Exe != evil {
+		t.Errorf("Identify = %+v, want the process that held the socket (%s)", callers, evil)
+	}
+}
+
+// The kernel's exact socket lookup (sock_diag) finds the same inode as
+// /proc/net/tcp, for IPv4 and IPv6 connections, and an unknown tuple is
+// an error.
+func TestSockDiag(t *testing.T) {
+	for _, network := range []string{"tcp4", "tcp6"} {
+		t.Run(network, func(t *testing.T) {
+			addr := map[string]string{"tcp4": "127.0.0.1:0", "tcp6": "[::1]:0"}[network]
+			ln, err := net.Listen(network, addr)
+			if err != nil {
+				if network == "tcp6" && os.Getenv("CI") != "true" {
+					t.Skipf("no IPv6 loopback: %v", err)
+				}
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			c, err := net.Dial(network, ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			local := netip.MustParseAddrPort(c.LocalAddr().String())
+			remote := netip.MustParseAddrPort(c.RemoteAddr().String())
+			ino, uid, err := diagSocket(local, remote)
+			if err != nil {
+				t.Fatalf("diagSocket(%s, %s): %v", local, remote, err)
+			}
+			want, err := (&ProcIdentifier{Root: "/proc"}).procNetInode(local, remote)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ino != want || uid != uint32(os.Getuid()) {
+				t.Errorf("diagSocket = inode %d uid %d, want inode %d (from /proc/net) uid %d", ino, uid, want, os.Getuid())
+			}
+			if _, _, err := diagSocket(remote, local); err != nil {
+				t.Errorf("diagSocket of the accepted end: %v", err)
+			}
+			gone := netip.AddrPortFrom(local.Addr(), 1)
+			if _, _, err := diagSocket(gone, remote); err == nil {
+				t.Errorf("diagSocket(%s, %s) found a socket that does not exist", gone, remote)
+			}
+		})
+	}
+}
+
+// BenchmarkIdentify measures caller identification alone, for a client
+// socket held by the benchmark itself against the host's /proc (every
+// process of the machine is scanned) and for one held by a shell in a pid
+// namespace of its own with two other processes, against that
+// namespace's /proc, as the supervisor (pid 1 of the sandbox's pid
+// namespace, its own descriptors skipped) sees a sandbox.
+func BenchmarkIdentify(b *testing.B) {
+	var mu sync.Mutex
+	accepted := make(chan net.Conn, 4)
+	ln := loopbackServer(b, func(c net.Conn) {
+		mu.Lock()
+		defer mu.Unlock()
+		b.Cleanup(func() { c.Close() })
+		accepted <- c
+	})
+	run := func(b *testing.B, id *ProcIdentifier, c net.Conn) {
+		client := netip.MustParseAddrPort(c.RemoteAddr().String())
+		server := netip.MustParseAddrPort(c.LocalAddr().String())
+		for b.Loop() {
+			if cs, err := id.Identify(client, server); err != nil || len(cs) != 1 {
+				b.Fatalf("Identify = %+v, %v", cs, err)
+			}
+		}
+		b.ReportMetric(float64(procCount(id.Root)), "procs")
+		b.ReportMetric(float64(fdCount(id.Root)), "fds")
+	}
+	b.Run("host", func(b *testing.B) {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		run(b, &ProcIdentifier{Root: "/proc", Self: -1}, <-accepted)
+	})
+	b.Run("pidns", func(b *testing.B) {
+		args := []string{"--pid", "--fork", "--mount-proc", "--kill-child"}
+		if os.Getuid() != 0 {
+			args = append([]string{"--user", "--map-root-user"}, args...)
+		}
+		_, port, _ := net.SplitHostPort(ln.Addr().String())
+		args = append(args, "bash", "-c", "sleep 600 & sleep 600 & exec 3<>/dev/tcp/127.0.0.1/"+port+"; echo ready; read")
+		cmd := exec.Command("unshare", args...)
+		stdin, err := cmd.StdinPipe() // the shell ends when it closes
+		if err != nil {
+			b.Fatal(err)
+		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			if os.Getenv("CI") == "true" {
+				b.Fatal(err)
+			}
+			b.Skipf("unshare: %v", err)
+		}
+		defer func() { stdin.Close(); _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err != nil || line != "ready\n" {
+			b.Fatalf("namespace shell: %q, %v", line, err)
+		}
+		run(b, &ProcIdentifier{Root: fmt.Sprintf("/proc/%d/root/proc", cmd.Process.Pid), Self: -1}, <-accepted)
+	})
 }

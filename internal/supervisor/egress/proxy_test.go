@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -518,17 +519,32 @@ func BenchmarkConnect(b *testing.B) {
 	idMu.Lock()
 	defer idMu.Unlock()
 	b.ReportMetric(float64(p50(idTimes))/1e3, "identify-p50-us")
-	b.ReportMetric(float64(procCount())/1, "procs")
+	b.ReportMetric(float64(procCount("/proc")), "procs")
+	b.ReportMetric(float64(fdCount("/proc")), "fds")
 }
 
-// procCount is the number of processes /proc shows: identification scans
-// their descriptors, so its cost grows with it.
-func procCount() int {
-	ents, _ := os.ReadDir("/proc")
+// procCount is the number of processes a procfs at root shows:
+// identification scans their descriptors, so its cost grows with it.
+func procCount(root string) int {
+	ents, _ := os.ReadDir(root)
 	n := 0
 	for _, e := range ents {
 		if _, err := strconv.Atoi(e.Name()); err == nil {
 			n++
+		}
+	}
+	return n
+}
+
+// fdCount is the number of descriptors of the processes of a procfs at
+// root (those readable here).
+func fdCount(root string) int {
+	ents, _ := os.ReadDir(root)
+	n := 0
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err == nil {
+			fds, _ := os.ReadDir(filepath.Join(root, e.Name(), "fd"))
+			n += len(fds)
 		}
 	}
 	return n
