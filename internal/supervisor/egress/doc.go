@@ -29,7 +29,10 @@
 //     nothing), and terminated (tls.go: a leaf of the sandbox CA, HTTP/1.1
 //     only; upstream TLS verified against Config.UpstreamRoots), and each
 //     inner request is inspected as above;
-//  5. reports the decision as an Event and counts denials in Denials.
+//  5. resolves provider credential placeholders in each admitted HTTP
+//     request through Config.Credentials (package egress/placeholder;
+//     credentials.go);
+//  6. reports the decision as an Event and counts denials in Denials.
 //
 // Dialing happens outside the sandbox's network namespace through the
 // Config.Dial function; the supervisor uses package hostdial for it.

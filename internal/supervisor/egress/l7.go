@@ -18,6 +18,8 @@ type l7Endpoint struct {
 	enforce bool // false: audit (OpenShell's default when enforcement is unset)
 	// allowEncodedSlash keeps %2F inside a segment instead of refusing it.
 	allowEncodedSlash bool
+	// bodyRewrite: request_body_credential_rewrite (see Credentials).
+	bodyRewrite bool
 }
 
 // restRule is one REST allow or deny rule: method ("*" any), path glob
@@ -39,7 +41,7 @@ var accessPresets = map[string][]string{
 // reasons the endpoint cannot be enforced as written, if any.
 func compileL7(ep *sandboxv1.NetworkEndpoint) (*l7Endpoint, []string) {
 	var problems []string
-	l := &l7Endpoint{allowEncodedSlash: ep.GetAllowEncodedSlash()}
+	l := &l7Endpoint{allowEncodedSlash: ep.GetAllowEncodedSlash(), bodyRewrite: ep.GetRequestBodyCredentialRewrite()}
 	switch ep.GetEnforcement() {
 	case "", "audit":
 	case "enforce":

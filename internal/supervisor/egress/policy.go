@@ -145,7 +145,8 @@ func unsupported(ep *sandboxv1.NetworkEndpoint) []string {
 		{!rest && ep.GetAllowEncodedSlash(), "allow_encoded_slash without protocol rest"},
 		{ep.GetPath() != "", "path"},
 		{ep.GetCredentialSigning() != "" || ep.GetCredentialBinding() != nil || ep.GetWebsocketCredentialRewrite() ||
-			ep.GetRequestBodyCredentialRewrite() || ep.GetProviderCredentialed() || ep.GetAllowUninspectedCredentials(), "credential handling"},
+			ep.GetProviderCredentialed() || ep.GetAllowUninspectedCredentials(), "credential handling"},
+		{!rest && ep.GetRequestBodyCredentialRewrite(), "request_body_credential_rewrite without protocol rest"},
 		{ep.GetPersistedQueries() != "" || len(ep.GetGraphqlPersistedQueries()) > 0 || ep.GetGraphqlMaxBodyBytes() != 0 ||
 			ep.GetJsonRpcMaxBodyBytes() != 0 || ep.GetMcp() != nil, "GraphQL, JSON-RPC or MCP options"},
 	} {

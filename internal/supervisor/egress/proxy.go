@@ -53,6 +53,10 @@ type Config struct {
 	// UpstreamRoots verifies upstream certificates of terminated tunnels
 	// (nil: the system roots).
 	UpstreamRoots *x509.CertPool
+	// Credentials resolves credential placeholders in every HTTP request
+	// (plain and inside terminated tunnels) after its admission; nil
+	// forwards requests as they are.
+	Credentials Credentials
 }
 
 // Event is one decision, as logged. It never carries credentials, query
@@ -323,6 +327,9 @@ func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http
 			if !p.inspect(c, req, decisions, &ev) {
 				return
 			}
+		}
+		if !p.resolveCredentials(c, req, decisions, host, port, &ev) {
+			return
 		}
 		if up == nil || upHost != host || upPort != port {
 			if up != nil {

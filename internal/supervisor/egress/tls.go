@@ -210,6 +210,9 @@ func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, decis
 		if !p.inspect(client, req, decisions, &ev) {
 			return
 		}
+		if !p.resolveCredentials(client, req, decisions, host, port, &ev) {
+			return
+		}
 		if ev.Decision == "" {
 			ev.Decision = "allow"
 		}
