@@ -77,17 +77,10 @@ func TestParseKEK(t *testing.T) {
 	}
 }
 
-func TestPlaceholder(t *testing.T) {
-	p := credentials.Placeholder("GITHUB_TOKEN")
-	if p != "openshell:resolve:env:GITHUB_TOKEN" {
-		t.Errorf("Placeholder = %q", p)
-	}
-	if k, ok := credentials.ParsePlaceholder(p); !ok || k != "GITHUB_TOKEN" {
-		t.Errorf("ParsePlaceholder(%q) = %q, %v", p, k, ok)
-	}
-	for _, bad := range []string{"GITHUB_TOKEN", "openshell:resolve:env:", "openshell:resolve:env:1X", "openshell:resolve:env:A-B"} {
-		if _, ok := credentials.ParsePlaceholder(bad); ok {
-			t.Errorf("ParsePlaceholder(%q) accepted", bad)
+func TestValidKey(t *testing.T) {
+	for key, want := range map[string]bool{"GITHUB_TOKEN": true, "_x1": true, "": false, "1X": false, "A-B": false, "a b": false} {
+		if got := credentials.ValidKey(key); got != want {
+			t.Errorf("ValidKey(%q) = %v, want %v", key, got, want)
 		}
 	}
 }

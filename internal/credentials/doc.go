@@ -1,5 +1,4 @@
-// Package credentials keeps provider credential values encrypted at rest
-// and names them to sandboxes by opaque placeholders.
+// Package credentials keeps provider credential values encrypted at rest.
 //
 // Encryption is an AES-256-GCM envelope: every sealed value gets its own
 // random 256-bit data key; the value is encrypted under the data key and

@@ -172,6 +172,7 @@ func startEgress(ctx context.Context, log *slog.Logger, cfg Config, dialer *host
 		OnEvent:       func(ev egress.Event) { logEgressEvent(log, ev) },
 		CA:            ca,
 		UpstreamRoots: cfg.upstreamRoots,
+		Credentials:   cfg.credentials,
 	}, empty)
 	url := "http://" + egressProxyAddr
 	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"} {

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/supervisor/egress/placeholder"
 )
 
 // providerEnvRefresh is how often the supervisor asks the gateway whether
@@ -16,27 +18,61 @@ import (
 const providerEnvRefresh = 30 * time.Second
 
 // providerEnv holds the provider environment the gateway hands this
-// sandbox: credential keys mapped to placeholders (never values; the
-// egress proxy resolves placeholders) and the revision they belong to.
-// Agent processes started after a change see the new environment; running
-// processes keep theirs. It is safe for concurrent use.
+// sandbox. As OpenShell's supervisor, it asks for credential values with
+// their endpoint bindings (supports_static_credential_bindings), keeps the
+// values in memory only, in creds (the egress proxy's placeholder
+// resolver), and gives agent processes only placeholders. Agent processes
+// started after a change see the new environment; running processes keep
+// theirs, and their placeholders resolve to the current values (a detached
+// credential stops resolving). It is safe for concurrent use.
 type providerEnv struct {
+	creds *placeholder.Resolver
+
 	mu   sync.Mutex
 	vars map[string]string
 	rev  uint64
 }
 
-// fetch reads the provider environment once. It reports whether the
-// revision changed.
+func newProviderEnv() *providerEnv { return &providerEnv{creds: &placeholder.Resolver{}} }
+
+// fetch reads the provider environment once and installs it. It reports
+// whether the revision changed. A response it cannot use (a credential
+// without endpoints, an invalid key) is an error and the previous
+// environment stays; errors never carry a value.
 func (p *providerEnv) fetch(ctx context.Context, client openshellv1.OpenShellClient, sandboxID string) (bool, error) {
-	resp, err := client.GetSandboxProviderEnvironment(ctx, &openshellv1.GetSandboxProviderEnvironmentRequest{SandboxId: sandboxID})
+	resp, err := client.GetSandboxProviderEnvironment(ctx, &openshellv1.GetSandboxProviderEnvironmentRequest{
+		SandboxId: sandboxID, SupportsStaticCredentialBindings: true,
+	})
 	if err != nil {
 		return false, err
 	}
+	vars := map[string]string{}
+	plain := map[string]bool{}
+	for _, k := range resp.GetNonSecretEnvironmentKeys() {
+		plain[k] = true
+	}
+	var creds []placeholder.Credential
+	for key, value := range resp.GetEnvironment() {
+		if plain[key] {
+			vars[key] = value
+			continue
+		}
+		c := placeholder.Credential{Key: key, Value: value, ExpiresAtMs: resp.GetCredentialExpiresAtMs()[key]}
+		for _, e := range resp.GetStaticCredentialBindings()[key].GetEndpoints() {
+			c.Endpoints = append(c.Endpoints, placeholder.Endpoint{Host: e.GetHost(), Port: e.GetPort(), Path: e.GetPath()})
+		}
+		creds = append(creds, c)
+		vars[key] = placeholder.For(key)
+	}
+	set, err := placeholder.NewSet(creds)
+	if err != nil {
+		return false, fmt.Errorf("provider environment revision %d: %w", resp.GetProviderEnvRevision(), err)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	changed := resp.GetProviderEnvRevision() != p.rev || len(resp.GetEnvironment()) != len(p.vars)
-	p.vars, p.rev = resp.GetEnvironment(), resp.GetProviderEnvRevision()
+	changed := resp.GetProviderEnvRevision() != p.rev || len(vars) != len(p.vars)
+	p.creds.Install(set)
+	p.vars, p.rev = vars, resp.GetProviderEnvRevision()
 	return changed, nil
 }
 

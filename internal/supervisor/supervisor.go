@@ -34,6 +34,7 @@ import (
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/supervisor/egress"
 	"github.com/openshell-go/openshell/internal/version"
 )
 
@@ -114,8 +115,9 @@ type Config struct {
 	// OnSessionAccepted, when set, is called after each SessionAccepted.
 	OnSessionAccepted func(sessionID string)
 
-	agentEnv      []string       // set by Serve: the egress proxy variables
-	upstreamRoots *x509.CertPool // set by Serve before the namespace setup
+	agentEnv      []string           // set by Serve: the egress proxy variables
+	upstreamRoots *x509.CertPool     // set by Serve before the namespace setup
+	credentials   egress.Credentials // set by Serve: the provider placeholder resolver
 
 	k8sSAToken string // preloaded from K8sSATokenFile
 }
@@ -387,6 +389,10 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		workdir, _ = os.Getwd()
 	}
 	agents := newAgentLauncher(log.With("component", "isolation"), workdir)
+	// Provider credentials: the egress proxy resolves the placeholders
+	// agent processes see (fetched below, once the policy is loaded).
+	penv := newProviderEnv()
+	cfg.credentials = penv.creds
 	eg := startEgress(ctx, log.With("component", "egress"), cfg, dialer, &wg)
 	defer eg.close()
 	cfg.agentEnv = eg.env
@@ -403,7 +409,6 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	// Provider credentials reach agent processes as placeholders. As in
 	// OpenShell, a failure here is not fatal: the sandbox starts without
 	// them and the refresh loop keeps trying.
-	penv := &providerEnv{}
 	if _, err := penv.fetch(ctx, client, cfg.SandboxID); err != nil {
 		log.Warn("cannot read the provider environment; starting without it", "err", err)
 	}

@@ -10,10 +10,12 @@
 // sandbox writes; the environment is served to the sandbox's own
 // supervisor only.
 //
-// Responses never carry a credential value: every credential key maps to
-// "REDACTED", as OpenShell's, and the sandbox environment maps keys to
-// opaque placeholders (credentials.Placeholder) that the sandbox's egress
-// proxy is to resolve. Error texts never name a value.
+// Responses to users never carry a credential value: every credential key
+// maps to "REDACTED", as OpenShell's. Only the sandbox environment, served
+// to the sandbox's own supervisor, carries values, bound to the endpoints
+// of each provider's profile; the supervisor gives agent processes
+// placeholders and resolves them in its egress proxy. Error texts never
+// name a value.
 //
 // Not implemented here (they answer Unimplemented): user profiles
 // (Import/Update/Lint/DeleteProviderProfile) and the refresh RPCs.
@@ -24,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"slices"
 	"strconv"
 
@@ -355,11 +358,17 @@ func casError(err error, sandbox string) error {
 }
 
 // GetSandboxProviderEnvironment returns, to the sandbox's own supervisor,
-// every attached provider's credential keys mapped to placeholders (never
-// the values), the expiry times that apply, and the provider environment
-// revision, which changes whenever an attached provider or the attachment
-// list does. Expired credentials and keys that are not environment
-// variable names are left out.
+// as OpenShell's gateway does: for a supervisor that enforces endpoint
+// bindings (supports_static_credential_bindings), every attached
+// provider's credential values by key, each with the endpoints of its
+// provider's profile (static_credential_bindings) and its expiry; the
+// supervisor hands agent processes placeholders and resolves them in its
+// egress proxy. A supervisor without that ability gets no credential
+// (OpenShell withholds them too). Left out always: expired credentials,
+// keys that are not environment variable names, credentials of providers
+// whose profile names no endpoint (nowhere they could be sent), and a key
+// an earlier attached provider already gave. provider_env_revision
+// changes whenever an attached provider or the attachment list does.
 func (s *Service) GetSandboxProviderEnvironment(ctx context.Context, req *openshellv1.GetSandboxProviderEnvironmentRequest) (*openshellv1.GetSandboxProviderEnvironmentResponse, error) {
 	if err := authz.RequireOwnSandbox(ctx, req.GetSandboxId()); err != nil {
 		return nil, err
@@ -374,17 +383,32 @@ func (s *Service) GetSandboxProviderEnvironment(ctx context.Context, req *opensh
 	}
 	resp := &openshellv1.GetSandboxProviderEnvironmentResponse{
 		Environment: map[string]string{}, CredentialExpiresAtMs: map[string]int64{},
+		StaticCredentialBindings: map[string]*openshellv1.StaticCredentialBinding{},
 	}
 	h := fnv.New64a()
 	now := s.o.Providers.Now()
 	for _, p := range ps {
 		m := p.GetMetadata()
 		_, _ = h.Write([]byte(m.GetId() + "@" + strconv.FormatUint(m.GetResourceVersion(), 10) + ";"))
-		for key := range p.GetCredentialHandles() {
-			if !credentials.ValidKey(key) || domain.Expired(p, key, now) {
+		endpoints := s.bindingEndpoints(p)
+		if !req.GetSupportsStaticCredentialBindings() || len(endpoints) == 0 {
+			continue
+		}
+		for _, key := range slices.Sorted(maps.Keys(p.GetCredentialHandles())) {
+			if _, taken := resp.Environment[key]; taken || !credentials.ValidKey(key) || domain.Expired(p, key, now) {
 				continue
 			}
-			resp.Environment[key] = credentials.Placeholder(key)
+			v, err := s.o.Providers.Resolve(p, key)
+			if errors.Is(err, errdefs.ErrFailedPrecondition) {
+				continue // expired since the check above
+			}
+			if err != nil {
+				return nil, err
+			}
+			resp.Environment[key] = v
+			resp.StaticCredentialBindings[key] = &openshellv1.StaticCredentialBinding{
+				Endpoints: endpoints, CredentialIdentity: m.GetId() + ":" + key,
+			}
 			if exp, ok := p.GetCredentialExpiresAtMs()[key]; ok && exp > 0 {
 				resp.CredentialExpiresAtMs[key] = exp
 			}
@@ -394,4 +418,24 @@ func (s *Service) GetSandboxProviderEnvironment(ctx context.Context, req *opensh
 		resp.ProviderEnvRevision = h.Sum64()
 	}
 	return resp, nil
+}
+
+// bindingEndpoints are the endpoints of p's profile, one per port, where
+// p's credentials may be sent.
+func (s *Service) bindingEndpoints(p *datamodelv1.Provider) []*openshellv1.StaticCredentialEndpointBinding {
+	prof, ok := s.o.Providers.Catalog().Get(p.GetType())
+	if !ok {
+		return nil
+	}
+	var out []*openshellv1.StaticCredentialEndpointBinding
+	for _, e := range prof.GetEndpoints() {
+		ports := e.GetPorts()
+		if len(ports) == 0 && e.GetPort() != 0 {
+			ports = []uint32{e.GetPort()}
+		}
+		for _, port := range ports {
+			out = append(out, &openshellv1.StaticCredentialEndpointBinding{Host: e.GetHost(), Port: port, Path: e.GetPath()})
+		}
+	}
+	return out
 }

@@ -3,13 +3,17 @@ package providers_test
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
 
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
@@ -298,9 +302,12 @@ func TestAttachDetach(t *testing.T) {
 	}
 }
 
-// TestSandboxEnvironment: the calling sandbox gets placeholders for its
-// attached providers' keys, never a value; the revision follows provider
-// updates and detaches; expired credentials are left out.
+// TestSandboxEnvironment: a supervisor that enforces endpoint bindings
+// gets its sandbox's credential values, each bound to its provider
+// profile's endpoints, as OpenShell's gateway hands them; one that does
+// not gets none; expired credentials, keys that are not environment
+// names and providers without profile endpoints are left out; the
+// revision follows provider updates and detaches.
 func TestSandboxEnvironment(t *testing.T) {
 	env := apitest.NewEnv(t)
 	svc := newService(env, false)
@@ -314,7 +321,11 @@ func TestSandboxEnvironment(t *testing.T) {
 	if _, err := env.Providers.Create(ctx, "default", nv); err != nil {
 		t.Fatal(err)
 	}
-	sb, err := env.Engine.Create(ctx, &openshellv1.CreateSandboxRequest{Name: "sb", Spec: &openshellv1.SandboxSpec{Providers: []string{"gh", "nv"}}})
+	gen := &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "gen"}, Type: "generic", Credentials: map[string]string{"API_KEY": "generic-value"}}
+	if _, err := env.Providers.Create(ctx, "default", gen); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := env.Engine.Create(ctx, &openshellv1.CreateSandboxRequest{Name: "sb", Spec: &openshellv1.SandboxSpec{Providers: []string{"gh", "nv", "gen"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,41 +333,52 @@ func TestSandboxEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	get := func(id string) *openshellv1.GetSandboxProviderEnvironmentResponse {
+	get := func(id string, bindings bool) *openshellv1.GetSandboxProviderEnvironmentResponse {
 		t.Helper()
-		r, err := svc.GetSandboxProviderEnvironment(apitest.As(ctx, apitest.Sandbox(id)), &openshellv1.GetSandboxProviderEnvironmentRequest{SandboxId: id})
+		r, err := svc.GetSandboxProviderEnvironment(apitest.As(ctx, apitest.Sandbox(id)),
+			&openshellv1.GetSandboxProviderEnvironmentRequest{SandboxId: id, SupportsStaticCredentialBindings: bindings})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return r
 	}
-	r := get(sb.GetMetadata().GetId())
-	if len(r.GetEnvironment()) != 1 || r.GetEnvironment()["GITHUB_TOKEN"] != "openshell:resolve:env:GITHUB_TOKEN" {
-		t.Errorf("environment = %v, want only GITHUB_TOKEN's placeholder (NVIDIA_API_KEY expired)", r.GetEnvironment())
+	id := sb.GetMetadata().GetId()
+	r := get(id, true)
+	if len(r.GetEnvironment()) != 1 || r.GetEnvironment()["GITHUB_TOKEN"] != token {
+		t.Errorf("environment keys = %v, want only GITHUB_TOKEN with its value (NVIDIA_API_KEY expired, API_KEY has no endpoint)", slices.Sorted(maps.Keys(r.GetEnvironment())))
 	}
-	if fmt.Sprint(r) != "" && strings.Contains(fmt.Sprint(r), token) {
-		t.Error("the response carries the credential value")
+	want := &openshellv1.StaticCredentialBinding{
+		Endpoints: []*openshellv1.StaticCredentialEndpointBinding{
+			{Host: "api.github.com", Port: 443}, {Host: "api.github.com", Port: 443, Path: "/graphql"}, {Host: "github.com", Port: 443},
+		},
+	}
+	got := r.GetStaticCredentialBindings()["GITHUB_TOKEN"]
+	if diff := cmp.Diff(want.GetEndpoints(), got.GetEndpoints(), protocmp.Transform()); diff != "" || len(r.GetStaticCredentialBindings()) != 1 || got.GetCredentialIdentity() == "" {
+		t.Errorf("bindings (-want +got):\n%s (identity %q, %d bindings)", diff, got.GetCredentialIdentity(), len(r.GetStaticCredentialBindings()))
 	}
 	rev := r.GetProviderEnvRevision()
 	if rev == 0 {
 		t.Error("provider_env_revision is 0 with providers attached")
 	}
-	if o := get(other.GetMetadata().GetId()); len(o.GetEnvironment()) != 0 || o.GetProviderEnvRevision() != 0 {
-		t.Errorf("a sandbox without providers got %v", o)
+	if old := get(id, false); len(old.GetEnvironment()) != 0 || len(old.GetStaticCredentialBindings()) != 0 || old.GetProviderEnvRevision() != rev {
+		t.Errorf("a supervisor without endpoint bindings got %d variables, %d bindings, revision %d", len(old.GetEnvironment()), len(old.GetStaticCredentialBindings()), old.GetProviderEnvRevision())
+	}
+	if o := get(other.GetMetadata().GetId(), true); len(o.GetEnvironment()) != 0 || o.GetProviderEnvRevision() != 0 {
+		t.Errorf("a sandbox without providers got %d variables, revision %d", len(o.GetEnvironment()), o.GetProviderEnvRevision())
 	}
 	if _, err := env.Providers.Update(ctx, "default", &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "gh"}, Credentials: map[string]string{"GITHUB_TOKEN": "ghp_rotated"}}, nil); err != nil {
 		t.Fatal(err)
 	}
-	r2 := get(sb.GetMetadata().GetId())
-	if r2.GetProviderEnvRevision() == rev {
-		t.Error("provider_env_revision did not change when an attached provider changed")
+	r2 := get(id, true)
+	if r2.GetProviderEnvRevision() == rev || r2.GetEnvironment()["GITHUB_TOKEN"] != "ghp_rotated" {
+		t.Errorf("after an update: revision changed %v, new value delivered %v", r2.GetProviderEnvRevision() != rev, r2.GetEnvironment()["GITHUB_TOKEN"] == "ghp_rotated")
 	}
 	if _, err := svc.DetachSandboxProvider(ctx, &openshellv1.DetachSandboxProviderRequest{SandboxName: "sb", ProviderName: "gh"}); err != nil {
 		t.Fatal(err)
 	}
-	r3 := get(sb.GetMetadata().GetId())
+	r3 := get(id, true)
 	if _, ok := r3.GetEnvironment()["GITHUB_TOKEN"]; ok || r3.GetProviderEnvRevision() == r2.GetProviderEnvRevision() {
-		t.Errorf("after detach: environment %v revision %d (was %d)", r3.GetEnvironment(), r3.GetProviderEnvRevision(), r2.GetProviderEnvRevision())
+		t.Errorf("after detach: GITHUB_TOKEN still there %v, revision %d (was %d)", ok, r3.GetProviderEnvRevision(), r2.GetProviderEnvRevision())
 	}
 }
 
