@@ -131,22 +131,63 @@ func findRevision(ctx context.Context, recs store.Records, typ, scope string, v 
 // sandbox without a baseline takes next as its baseline: it is written to
 // spec.policy in the same transaction (the supervisor's first sync).
 func (h History) Update(ctx context.Context, sb *openshellv1.Sandbox, next *sandboxv1.SandboxPolicy) (*openshellv1.SandboxPolicyRevision, error) {
+	return h.Apply(ctx, sb, func(*sandboxv1.SandboxPolicy) (*sandboxv1.SandboxPolicy, error) { return next, nil })
+}
+
+// applyAttempts bounds Apply's retries after concurrent writes.
+const applyAttempts = 5
+
+// errConcurrentPolicy is Apply's answer when every attempt lost a race.
+var errConcurrentPolicy = errdefs.Conflict("sandbox policy was modified concurrently; please retry")
+
+// Apply stores change(newest policy) as sb's new revision, as Update. The
+// newest policy is nil when sb has none. The write is a compare-and-swap
+// on the newest version: when another writer stored a revision since it
+// was read, change runs again on that one (at most a few times, then
+// Aborted), so no update is lost, across gateway replicas too.
+func (h History) Apply(ctx context.Context, sb *openshellv1.Sandbox, change func(cur *sandboxv1.SandboxPolicy) (*sandboxv1.SandboxPolicy, error)) (*openshellv1.SandboxPolicyRevision, error) {
+	for range applyAttempts {
+		rev, err := h.applyOnce(ctx, sb, change)
+		if !errors.Is(err, errdefs.ErrAlreadyExists) {
+			return rev, err
+		}
+	}
+	return nil, errConcurrentPolicy
+}
+
+func (h History) applyOnce(ctx context.Context, sb *openshellv1.Sandbox, change func(cur *sandboxv1.SandboxPolicy) (*sandboxv1.SandboxPolicy, error)) (*openshellv1.SandboxPolicyRevision, error) {
 	baseline := sb.GetSpec().GetPolicy()
-	if err := ValidateUpdate(baseline, next); err != nil {
-		return nil, err
-	}
 	id := sb.GetMetadata().GetId()
-	hash := Hash(next)
-	if latest, err := h.Latest(ctx, sb); err == nil && latest.GetPolicyHash() == hash {
-		return latest, nil
-	} else if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	// The newest revision; a baseline not stored yet stands for version 1
+	// (the commit stores it, so a refused change stores nothing).
+	var latest *openshellv1.SandboxPolicyRevision
+	rec, err := h.Store.GetLatestScoped(ctx, RecordType, id, "")
+	switch {
+	case err == nil:
+		if latest, err = DecodeRecord(rec); err != nil {
+			return nil, err
+		}
+	case errors.Is(err, errdefs.ErrNotFound) && baseline != nil:
+		latest = &openshellv1.SandboxPolicyRevision{Version: 1, Policy: baseline, PolicyHash: Hash(baseline)}
+	case !errors.Is(err, errdefs.ErrNotFound):
 		return nil, err
 	}
-	now := h.now()
-	rec, err := NewRecord(id, next, now)
+	next, err := change(latest.GetPolicy())
 	if err != nil {
 		return nil, err
 	}
+	if err := ValidateUpdate(baseline, next); err != nil {
+		return nil, err
+	}
+	if latest != nil && latest.GetPolicyHash() == Hash(next) {
+		return h.Latest(ctx, sb) // stores the baseline when it is not yet
+	}
+	now := h.now()
+	rec, err = NewRecord(id, next, now)
+	if err != nil {
+		return nil, err
+	}
+	rec.ID = RevisionRecordID(id, latest.GetVersion()+1)
 	commit := store.PolicyRevision{
 		Revision:        rec,
 		SupersedeStatus: openshellv1.PolicyStatus_POLICY_STATUS_SUPERSEDED.String(),

@@ -57,8 +57,15 @@ func BaselineRecord(sandboxID string, p *sandboxv1.SandboxPolicy, now time.Time)
 var baselineNamespace = uuid.MustParse("6f0e4a52-0d0b-4c55-9d0a-3b1f6b0c9a11")
 
 // BaselineRecordID is the id of sandboxID's version-1 revision.
-func BaselineRecordID(sandboxID string) string {
-	return uuid.NewSHA1(baselineNamespace, []byte("sandbox-policy/"+sandboxID+"/1")).String()
+func BaselineRecordID(sandboxID string) string { return RevisionRecordID(sandboxID, 1) }
+
+// RevisionRecordID is the id of version v of sandboxID's policy. Every
+// writer names the row after the version it expects to write (the newest
+// it read plus one), so of two writers that read the same newest version
+// the second fails on the primary key instead of stacking a revision on
+// a policy it never saw (see History.Apply).
+func RevisionRecordID(sandboxID string, v uint32) string {
+	return uuid.NewSHA1(baselineNamespace, []byte(fmt.Sprintf("sandbox-policy/%s/%d", sandboxID, v))).String()
 }
 
 // DecodeRecord decodes a stored revision. Version and status come from the

@@ -103,7 +103,8 @@ type Records interface {
 	// itself when from is empty). It returns the number changed.
 	SupersedeScoped(ctx context.Context, objType, scope string, belowVersion int64, status string, from ...string) (int64, error)
 	// RecordHit inserts rec keyed by (Type, Scope, DedupKey) or, when that
-	// key exists, increments its hit_count. It returns the stored record and
+	// key exists, adds rec.HitCount (1 when 0) to its hit_count; nothing
+	// else of the stored record changes. It returns the stored record and
 	// whether it was created.
 	RecordHit(ctx context.Context, rec Record) (Record, bool, error)
 	// CommitPolicyRevision runs rev atomically; see PolicyRevision.

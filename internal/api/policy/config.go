@@ -16,6 +16,7 @@ import (
 	"github.com/openshell-go/openshell/internal/api/authz"
 	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/errdefs"
+	policyrules "github.com/openshell-go/openshell/internal/policy"
 	"github.com/openshell-go/openshell/internal/settings"
 )
 
@@ -120,7 +121,8 @@ const maxPolicySize = 256 << 10
 // UpdateConfig changes one thing per call, as OpenShell: a policy, a
 // setting (set or delete_setting) or merge operations, at sandbox scope
 // (name) or gateway-wide (global, platform admins only). Merge operations
-// are refused (InvalidArgument): this gateway does not implement them.
+// change a sandbox's policy incrementally (not the global one, as
+// OpenShell).
 func (s *Service) UpdateConfig(ctx context.Context, req *openshellv1.UpdateConfigRequest) (*openshellv1.UpdateConfigResponse, error) {
 	key := strings.TrimSpace(req.GetSettingKey())
 	n := 0
@@ -172,9 +174,31 @@ func (s *Service) UpdateConfig(ctx context.Context, req *openshellv1.UpdateConfi
 	case key != "":
 		return s.updateSandboxSetting(ctx, sb, req, key)
 	case len(req.GetMergeOperations()) > 0:
-		return nil, errdefs.InvalidArgument("merge_operations are not supported by this gateway; send the whole policy")
+		return s.mergeSandboxPolicy(ctx, sb, req.GetMergeOperations())
 	}
 	return s.updateSandboxPolicy(ctx, sb, req.GetPolicy())
+}
+
+// mergeSandboxPolicy applies merge operations to sb's newest policy as
+// one new revision (policy.Merge); a concurrent revision makes it re-apply
+// them to that one, so none is lost. Refused while a global policy is in
+// force, like a whole-policy update.
+func (s *Service) mergeSandboxPolicy(ctx context.Context, sb *openshellv1.Sandbox, ops []*openshellv1.PolicyMergeOperation) (*openshellv1.UpdateConfigResponse, error) {
+	if err := policyrules.CheckMergeOperations(ops); err != nil {
+		return nil, err
+	}
+	if _, err := s.global.Active(ctx); err == nil {
+		return nil, errdefs.FailedPrecondition("policy is managed globally; delete global policy before sandbox policy update")
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, err
+	}
+	rev, err := s.history.Apply(ctx, sb, func(cur *sandboxv1.SandboxPolicy) (*sandboxv1.SandboxPolicy, error) {
+		return policyrules.Merge(cur, ops)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &openshellv1.UpdateConfigResponse{Version: rev.GetVersion(), PolicyHash: rev.GetPolicyHash()}, nil
 }
 
 // syncSandboxPolicy is UpdateConfig by a supervisor: only its own

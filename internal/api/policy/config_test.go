@@ -223,8 +223,9 @@ func TestUpdateConfigRefusals(t *testing.T) {
 			codes.InvalidArgument, "one of policy, setting_key, or merge_operations must be provided"},
 		{"two things", &openshellv1.UpdateConfigRequest{Name: "pol", Workspace: "team-a", Policy: livePolicy(), SettingKey: "ocsf_json_enabled"},
 			codes.InvalidArgument, "policy, setting_key, and merge_operations are mutually exclusive"},
-		{"merge, sandbox", &openshellv1.UpdateConfigRequest{Name: "pol", Workspace: "team-a", MergeOperations: merge},
-			codes.InvalidArgument, "merge_operations are not supported by this gateway; send the whole policy"},
+		{"malformed merge", &openshellv1.UpdateConfigRequest{Name: "pol", Workspace: "team-a", MergeOperations: []*openshellv1.PolicyMergeOperation{
+			{Operation: &openshellv1.PolicyMergeOperation_RemoveRule{RemoveRule: &openshellv1.RemoveNetworkRule{RuleName: "gh"}}}, {}}},
+			codes.InvalidArgument, "merge_operations[1] is missing an operation"},
 		{"merge, global", &openshellv1.UpdateConfigRequest{Global: true, MergeOperations: merge},
 			codes.InvalidArgument, "merge_operations are not supported for global policy updates"},
 		{"global annotations", &openshellv1.UpdateConfigRequest{Global: true, Policy: livePolicy(), Annotations: map[string]string{"a": "b"}},

@@ -3,10 +3,12 @@
 // supervisor is to enforce: the global policy when one is set, else the
 // sandbox's own; the effective settings; config_revision), GetGatewayConfig
 // (the global settings), UpdateConfig (one change: a sandbox or global
-// policy revision, a setting at sandbox or global scope, or the removal of
-// the global policy; merge operations are refused), ReportPolicyStatus
-// (whether the supervisor enforces a revision), GetSandboxPolicyStatus and
-// ListSandboxPolicies (the revisions of a sandbox or of the global policy).
+// policy revision, merge operations on a sandbox policy, a setting at
+// sandbox or global scope, or the removal of the global policy),
+// ReportPolicyStatus (whether the supervisor enforces a revision),
+// GetSandboxPolicyStatus and ListSandboxPolicies (the revisions of a
+// sandbox or of the global policy), and the policy advisor's
+// SubmitPolicyAnalysis and draft chunk RPCs (internal/policy/advisor).
 // The rules and revisions live in internal/policy, the settings registry
 // and store in internal/settings; this package adds authorization (global
 // writes and reads need a platform admin) and the wire shapes. See
@@ -22,6 +24,7 @@ import (
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/lifecycle"
 	policyrules "github.com/openshell-go/openshell/internal/policy"
+	"github.com/openshell-go/openshell/internal/policy/advisor"
 	"github.com/openshell-go/openshell/internal/settings"
 	"github.com/openshell-go/openshell/internal/store"
 )
@@ -32,6 +35,9 @@ type Options struct {
 	Store  store.Store
 	Authz  *authz.Authorizer
 	Now    func() time.Time
+	// CredentialHosts returns the hosts a sandbox holds credentials for
+	// (for the policy advisor's prover); nil means none are known.
+	CredentialHosts func(ctx context.Context, sb *openshellv1.Sandbox) ([]string, error)
 }
 
 // Service implements the policy RPCs. It is safe for concurrent use.
@@ -40,6 +46,7 @@ type Service struct {
 	history  policyrules.History
 	global   policyrules.Global
 	settings *settings.Store
+	drafts   advisor.Drafts
 }
 
 // New returns a Service.
@@ -52,6 +59,7 @@ func New(o Options) *Service {
 		history:  policyrules.History{Store: o.Store, Now: o.Now},
 		global:   policyrules.Global{Store: o.Store, Now: o.Now},
 		settings: &settings.Store{Records: o.Store},
+		drafts:   advisor.Drafts{Store: o.Store, History: policyrules.History{Store: o.Store, Now: o.Now}, Now: o.Now},
 	}
 }
 

@@ -275,7 +275,7 @@ func (s *Store) recordHit(ctx context.Context, q Querier, rec store.Record) (sto
 		b.arg(rec.ID) + `, ` + b.arg(rec.Type) + `, '', ` + b.arg(rec.Scope) + `, ` + b.arg(nullInt(rec.Version)) + `, ` +
 		b.arg(nullStr(rec.Status)) + `, ` + b.arg(rec.DedupKey) + `, ` + b.arg(rec.HitCount) + `, ` + s.d.JSONParam(b.arg("{}")) +
 		`, 1, ` + b.arg(nonNil(rec.Payload)) + `, ` + b.arg(now) + `, ` + b.arg(now) + `)` +
-		` ON CONFLICT (object_type, scope, dedup_key) DO UPDATE SET hit_count = objects.hit_count + 1, updated_at_ms = excluded.updated_at_ms,` +
+		` ON CONFLICT (object_type, scope, dedup_key) DO UPDATE SET hit_count = objects.hit_count + excluded.hit_count, updated_at_ms = excluded.updated_at_ms,` +
 		` resource_version = objects.resource_version + 1 RETURNING ` + recordCols
 	got, err := scanRecord(rec.Type, q.QueryRow(ctx, sqlText, b.args...))
 	if err != nil {

@@ -569,6 +569,12 @@ func testRecordHit(t *testing.T, s store.Store) {
 	if err != nil || created || second.HitCount != 2 || second.ID != first.ID {
 		t.Fatalf("second RecordHit = %+v, %v, %v; want same id, 2 hits", second, created, err)
 	}
+	many := rec
+	many.HitCount, many.Payload = 5, []byte("other rule")
+	third, created, err := s.RecordHit(ctx, many)
+	if err != nil || created || third.HitCount != 7 || string(third.Payload) != "rule" {
+		t.Fatalf("RecordHit(hit_count 5) = %+v, %v, %v; want 7 hits, payload unchanged", third, created, err)
+	}
 	other := rec
 	other.Scope = "sb-2"
 	if _, created, err := s.RecordHit(ctx, other); err != nil || !created {

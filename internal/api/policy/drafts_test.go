@@ -1,0 +1,201 @@
+package policy_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/api/apitest"
+	"github.com/openshell-go/openshell/internal/api/policy"
+	"github.com/openshell-go/openshell/internal/errdefs"
+)
+
+func denial(binary, host string, port, count uint32) *openshellv1.DenialSummary {
+	return &openshellv1.DenialSummary{Binary: binary, Host: host, Port: port, Count: count, DenyReason: "no matching network policy"}
+}
+
+func submit(t *testing.T, svc *policy.Service, id string, sums ...*openshellv1.DenialSummary) *openshellv1.SubmitPolicyAnalysisResponse {
+	t.Helper()
+	r, err := svc.SubmitPolicyAnalysis(apitest.As(t.Context(), apitest.Sandbox(id)), &openshellv1.SubmitPolicyAnalysisRequest{Name: "pol", Summaries: sums, AnalysisMode: "mechanistic"})
+	if err != nil {
+		t.Fatalf("SubmitPolicyAnalysis: %v", err)
+	}
+	return r
+}
+
+func drafts(t *testing.T, svc *policy.Service, status string) []*openshellv1.PolicyChunk {
+	t.Helper()
+	r, err := svc.GetDraftPolicy(apitest.As(t.Context(), apitest.OIDCUser("ua")), &openshellv1.GetDraftPolicyRequest{Name: "pol", Workspace: "team-a", StatusFilter: status})
+	if err != nil {
+		t.Fatalf("GetDraftPolicy: %v", err)
+	}
+	return r.GetChunks()
+}
+
+// TestDraftLifecycle: denials become one chunk per (host, port, binary)
+// whose hit_count adds up; approving it adds the rule as a new policy
+// revision; undo takes it out again; reject and clear.
+func TestDraftLifecycle(t *testing.T) {
+	svc, _, id := setup(t)
+	admin := apitest.As(t.Context(), apitest.OIDCUser("aa"))
+	r := submit(t, svc, id, denial("/usr/bin/curl", "Data.Example.com", 443, 2), denial("/usr/bin/curl", "api.other.com", 8443, 1))
+	if r.GetAcceptedChunks() != 2 || len(r.GetAcceptedChunkIds()) != 2 {
+		t.Fatalf("first submit = %v, want 2 accepted", r)
+	}
+	again := submit(t, svc, id, denial("/usr/bin/curl", "data.example.com", 443, 3))
+	if again.GetAcceptedChunkIds()[0] != r.GetAcceptedChunkIds()[0] {
+		t.Fatalf("repeat denial made chunk %v, want the existing %v", again.GetAcceptedChunkIds(), r.GetAcceptedChunkIds()[0])
+	}
+	cs := drafts(t, svc, "pending")
+	if len(cs) != 2 {
+		t.Fatalf("pending chunks = %v, want 2", cs)
+	}
+	c := cs[0]
+	if c.GetId() != r.GetAcceptedChunkIds()[0] || c.GetHitCount() != 5 || c.GetRuleName() != "allow_data_example_com_443" ||
+		c.GetBinary() != "/usr/bin/curl" || c.GetValidationResult() != "prover: no new findings" || c.GetReviewToken() == "" {
+		t.Fatalf("chunk = %v, want allow_data_example_com_443 for curl with 5 hits, no findings, a review token", c)
+	}
+	if ep := c.GetProposedRule().GetEndpoints(); len(ep) != 1 || ep[0].GetHost() != "data.example.com" || ep[0].GetPort() != 443 {
+		t.Fatalf("proposed endpoints = %v", ep)
+	}
+
+	_, err := svc.ApproveDraftChunk(admin, &openshellv1.ApproveDraftChunkRequest{Name: "pol", Workspace: "team-a", ChunkId: c.GetId(), ReviewToken: "stale"})
+	apitest.WantErr(t, "ApproveDraftChunk(wrong token)", err, codes.FailedPrecondition, "review token does not match the fetched proposal; refetch and review again")
+	ap, err := svc.ApproveDraftChunk(admin, &openshellv1.ApproveDraftChunkRequest{Name: "pol", Workspace: "team-a", ChunkId: c.GetId(), ReviewToken: c.GetReviewToken()})
+	if err != nil || ap.GetPolicyVersion() != 2 {
+		t.Fatalf("ApproveDraftChunk = %v, %v; want version 2", ap, err)
+	}
+	st := status(apitest.As(t.Context(), apitest.OIDCUser("ua")), t, svc, 0)
+	rule := st.GetRevision().GetPolicy().GetNetworkPolicies()["allow_data_example_com_443"]
+	if rule == nil || rule.GetBinaries()[0].GetPath() != "/usr/bin/curl" || st.GetRevision().GetPolicy().GetNetworkPolicies()["gh"] == nil {
+		t.Fatalf("policy after approve = %v, want gh and the new rule", st.GetRevision().GetPolicy())
+	}
+	_, err = svc.ApproveDraftChunk(admin, &openshellv1.ApproveDraftChunkRequest{Name: "pol", Workspace: "team-a", ChunkId: c.GetId(), ReviewToken: c.GetReviewToken()})
+	apitest.WantErr(t, "ApproveDraftChunk(again)", err, codes.FailedPrecondition, "chunk status is 'approved', expected 'pending' or 'rejected'")
+
+	// The other chunk's token was minted for version 1: stale now.
+	other := drafts(t, svc, "pending")[0]
+	_, err = svc.ApproveDraftChunk(admin, &openshellv1.ApproveDraftChunkRequest{Name: "pol", Workspace: "team-a", ChunkId: other.GetId(), ReviewToken: other.GetReviewToken()})
+	apitest.WantErr(t, "ApproveDraftChunk(policy moved)", err, codes.FailedPrecondition, "proposal inputs changed; evaluation refreshed, refetch and review again")
+
+	un, err := svc.UndoDraftChunk(admin, &openshellv1.UndoDraftChunkRequest{Name: "pol", Workspace: "team-a", ChunkId: c.GetId()})
+	if err != nil || un.GetPolicyVersion() != 3 {
+		t.Fatalf("UndoDraftChunk = %v, %v; want version 3", un, err)
+	}
+	if p := status(admin, t, svc, 0).GetRevision().GetPolicy(); p.GetNetworkPolicies()["allow_data_example_com_443"] != nil {
+		t.Fatalf("policy after undo still has the rule: %v", p)
+	}
+	if _, err := svc.RejectDraftChunk(admin, &openshellv1.RejectDraftChunkRequest{Name: "pol", Workspace: "team-a", ChunkId: c.GetId(), Reason: "too broad"}); err != nil {
+		t.Fatal(err)
+	}
+	rej := drafts(t, svc, "rejected")
+	if len(rej) != 1 || rej[0].GetRejectionReason() != "too broad" || rej[0].GetDecidedAtMs() == 0 {
+		t.Fatalf("rejected chunks = %v", rej)
+	}
+	hist, err := svc.GetDraftHistory(apitest.As(t.Context(), apitest.OIDCUser("ua")), &openshellv1.GetDraftHistoryRequest{Name: "pol", Workspace: "team-a"})
+	if err != nil || len(hist.GetEntries()) != 3 || hist.GetEntries()[0].GetEventType() != "proposed" || hist.GetEntries()[2].GetEventType() != "rejected" {
+		t.Fatalf("GetDraftHistory = %v, %v; want 2 proposals and a rejection", hist, err)
+	}
+	cl, err := svc.ClearDraftChunks(admin, &openshellv1.ClearDraftChunksRequest{Name: "pol", Workspace: "team-a"})
+	if err != nil || cl.GetChunksCleared() != 1 || len(drafts(t, svc, "")) != 1 {
+		t.Fatalf("ClearDraftChunks = %v, %v; want the one pending chunk cleared, the rejected kept", cl, err)
+	}
+}
+
+// TestDraftFlagsMetadataAndNeverAutoApproves: with proposal_approval_mode
+// auto, a clean proposal is approved on arrival, a metadata host is
+// flagged link_local_reach, stays pending and cannot be approved.
+func TestDraftFlagsMetadataAndNeverAutoApproves(t *testing.T) {
+	svc, _, id := setup(t)
+	admin := apitest.As(t.Context(), apitest.OIDCUser("aa"))
+	if _, err := svc.UpdateConfig(admin, &openshellv1.UpdateConfigRequest{Name: "pol", Workspace: "team-a", SettingKey: "proposal_approval_mode", SettingValue: stringSetting("auto")}); err != nil {
+		t.Fatal(err)
+	}
+	submit(t, svc, id, denial("/usr/bin/curl", "pypi.org", 443, 1))
+	submit(t, svc, id, denial("/usr/bin/curl", "metadata.google.internal", 80, 1), denial("/usr/bin/curl", "169.254.169.254", 80, 1))
+	pending := drafts(t, svc, "pending")
+	if len(pending) != 2 {
+		t.Fatalf("pending = %v, want the two metadata chunks", pending)
+	}
+	for _, c := range pending {
+		if !strings.Contains(c.GetValidationResult(), "prover: 1 new finding\n  link_local_reach: ") {
+			t.Errorf("chunk %s validation_result = %q, want a link_local_reach finding", c.GetRuleName(), c.GetValidationResult())
+		}
+		_, err := svc.ApproveDraftChunk(admin, &openshellv1.ApproveDraftChunkRequest{Name: "pol", Workspace: "team-a", ChunkId: c.GetId(), ReviewToken: c.GetReviewToken()})
+		if code := errdefs.Code(err); code != codes.InvalidArgument || !strings.Contains(err.Error(), "the proxy will deny traffic to this destination regardless of policy") {
+			t.Errorf("ApproveDraftChunk(%s) = %v, want InvalidArgument always-blocked", c.GetRuleName(), err)
+		}
+	}
+	if a := drafts(t, svc, "approved"); len(a) != 1 || a[0].GetRuleName() != "allow_pypi_org_443" {
+		t.Fatalf("approved = %v, want pypi auto-approved", a)
+	}
+}
+
+// TestDraftAuthorization: SubmitPolicyAnalysis for the supervisor's own
+// sandbox only; GetDraftPolicy for its supervisor and workspace users;
+// history for users; decisions for workspace admins.
+func TestDraftAuthorization(t *testing.T) {
+	svc, f, id := setup(t)
+	chunk := submit(t, svc, id, denial("/usr/bin/curl", "pypi.org", 443, 1)).GetAcceptedChunkIds()[0]
+	ws := "team-a"
+	rule := &sandboxv1.NetworkPolicyRule{Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "pypi.org", Port: 443}}, Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/pip"}}}
+	calls := []apitest.Call{
+		{Name: "SubmitPolicyAnalysis", Do: func(ctx context.Context) error {
+			_, err := svc.SubmitPolicyAnalysis(ctx, &openshellv1.SubmitPolicyAnalysisRequest{Name: "pol", Workspace: ws})
+			return err
+		}},
+		{Name: "GetDraftPolicy", Do: func(ctx context.Context) error {
+			_, err := svc.GetDraftPolicy(ctx, &openshellv1.GetDraftPolicyRequest{Name: "pol", Workspace: ws})
+			return err
+		}},
+		{Name: "GetDraftHistory", Do: func(ctx context.Context) error {
+			_, err := svc.GetDraftHistory(ctx, &openshellv1.GetDraftHistoryRequest{Name: "pol", Workspace: ws})
+			return err
+		}},
+		{Name: "EditDraftChunk", Do: func(ctx context.Context) error {
+			_, err := svc.EditDraftChunk(ctx, &openshellv1.EditDraftChunkRequest{Name: "pol", Workspace: ws, ChunkId: chunk, ProposedRule: rule})
+			return err
+		}},
+		{Name: "ApproveDraftChunk", Do: func(ctx context.Context) error {
+			_, err := svc.ApproveDraftChunk(ctx, &openshellv1.ApproveDraftChunkRequest{Name: "pol", Workspace: ws, ChunkId: chunk, ReviewToken: "x"})
+			return err
+		}},
+		{Name: "ApproveAllDraftChunks", Do: func(ctx context.Context) error {
+			_, err := svc.ApproveAllDraftChunks(ctx, &openshellv1.ApproveAllDraftChunksRequest{Name: "pol", Workspace: ws, Approvals: []*openshellv1.DraftChunkApproval{{ChunkId: chunk, ReviewToken: "x"}}})
+			return err
+		}},
+		{Name: "UndoDraftChunk", Do: func(ctx context.Context) error {
+			_, err := svc.UndoDraftChunk(ctx, &openshellv1.UndoDraftChunkRequest{Name: "pol", Workspace: ws, ChunkId: chunk})
+			return err
+		}},
+		{Name: "RejectDraftChunk", Do: func(ctx context.Context) error {
+			_, err := svc.RejectDraftChunk(ctx, &openshellv1.RejectDraftChunkRequest{Name: "pol", Workspace: ws, ChunkId: chunk})
+			return err
+		}},
+		{Name: "ClearDraftChunks", Do: func(ctx context.Context) error {
+			_, err := svc.ClearDraftChunks(ctx, &openshellv1.ClearDraftChunksRequest{Name: "pol", Workspace: ws})
+			return err
+		}},
+	}
+	const (
+		ok     = codes.OK
+		nf     = codes.NotFound
+		denied = codes.PermissionDenied
+		fp     = codes.FailedPrecondition
+	)
+	apitest.Matrix(t, calls, []apitest.Case{
+		// Refused before any state changes: the chunk is intact for the
+		// admin below.
+		{Name: "workspace user", P: apitest.OIDCUser("ua"), Want: []codes.Code{denied, ok, ok, nf, nf, nf, nf, nf, nf}},
+		{Name: "non-member", P: apitest.OIDCUser("stranger"), Want: []codes.Code{denied, nf, nf, nf, nf, nf, nf, nf, nf}},
+		{Name: "other sandbox", P: apitest.Sandbox(f.SandboxA), Want: []codes.Code{denied, denied, denied, denied, denied, denied, denied, denied, denied}},
+		{Name: "own sandbox", P: apitest.Sandbox(id), Want: []codes.Code{ok, ok, denied, denied, denied, denied, denied, denied, denied}},
+		// Edit ok; approve with a wrong token and approve-all with it are
+		// refused; undo of a pending chunk is refused; reject and clear.
+		{Name: "workspace admin", P: apitest.OIDCUser("aa"), Want: []codes.Code{denied, ok, ok, ok, fp, ok, fp, ok, ok}},
+	})
+}
