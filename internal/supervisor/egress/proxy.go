@@ -292,14 +292,12 @@ func readRequest(c net.Conn, cr *capReader, br *bufio.Reader, limit int64) (*htt
 // the request's method, path and query. The upstream connection is reused
 // while requests name the same host and port.
 func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http.Request, callers []Caller, idErr error) {
-	var up net.Conn
-	var upBR *bufio.Reader
-	var upHost, upIP string
-	var upPort uint32
+	var up *upConn
+	cw := bufio.NewWriterSize(c, bufSize)
 	defer func() {
 		if up != nil {
 			up.Close()
-			p.untrack(up)
+			p.untrack(up.Conn)
 		}
 	}()
 	for {
@@ -319,11 +317,7 @@ func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http
 			writeStatus(c, status, ev.Reason)
 			return
 		}
-		var inspect []*l7Endpoint
-		for _, d := range decisions {
-			inspect = append(inspect, d.l7...)
-		}
-		if len(inspect) > 0 {
+		if inspected(decisions) {
 			if !p.inspect(c, req, decisions, &ev) {
 				return
 			}
@@ -331,12 +325,14 @@ func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http
 		if !p.resolveCredentials(c, req, decisions, host, port, &ev) {
 			return
 		}
-		if up == nil || upHost != host || upPort != port {
-			if up != nil {
-				up.Close()
-				p.untrack(up)
-				up = nil
-			}
+		if up != nil && (up.host != host || up.port != port || p.recheck(decisions, up.ip) != nil) {
+			// Another destination, or the current policy no longer
+			// admits the address this connection reaches.
+			up.Close()
+			p.untrack(up.Conn)
+			up = nil
+		}
+		if up == nil {
 			conn, status := p.dial(decisions, host, port, &ev)
 			if conn == nil {
 				p.emit(&ev)
@@ -347,15 +343,15 @@ func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http
 				conn.Close()
 				return
 			}
-			up, upBR, upHost, upPort, upIP = conn, bufio.NewReader(conn), host, port, ev.IP
+			up = newUpstream(conn, host, port, netip.MustParseAddr(ev.IP))
 		} else {
-			ev.IP = upIP
+			ev.IP = up.ip.String()
 			if ev.Decision == "" {
 				ev.Decision = "allow"
 			}
 		}
 		p.emit(&ev)
-		if !forward(c, req, up, upBR) {
+		if !forward(c, cw, req, up) {
 			return
 		}
 		req, status, _ = readRequest(c, cr, br, httpHeaderLimit)
@@ -366,6 +362,33 @@ func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http
 			return
 		}
 	}
+}
+
+// upConn is a connection to a checked destination with its buffers,
+// kept across the requests of a client connection.
+type upConn struct {
+	net.Conn
+	br   *bufio.Reader
+	bw   *bufio.Writer
+	host string
+	port uint32
+	ip   netip.Addr // the checked address dialed
+}
+
+func newUpstream(c net.Conn, host string, port uint32, ip netip.Addr) *upConn {
+	return &upConn{Conn: c, br: bufio.NewReaderSize(c, bufSize), bw: bufio.NewWriterSize(c, bufSize), host: host, port: port, ip: ip}
+}
+
+// recheck applies the SSRF guard of decisions to ip, an address already
+// resolved and dialed for the same host (no new lookup), so a reused
+// connection follows the current policy's allowed_ips.
+func (p *Proxy) recheck(decisions []Decision, ip netip.Addr) error {
+	for _, d := range decisions {
+		if err := p.guard.check([]netip.Addr{ip}, d.AllowedIPs, d.Hostless); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // inspect applies the REST rules of decisions to req. It returns false
@@ -596,7 +619,7 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 // relays the response. It reports whether the client connection may carry
 // another request (neither side asked to close and both messages ended
 // cleanly).
-func forward(c net.Conn, req *http.Request, up net.Conn, upBR *bufio.Reader) bool {
+func forward(c net.Conn, cw *bufio.Writer, req *http.Request, up *upConn) bool {
 	for _, h := range req.Header.Values("Connection") {
 		for _, name := range strings.Split(h, ",") {
 			req.Header.Del(strings.TrimSpace(name))
@@ -609,28 +632,8 @@ func forward(c net.Conn, req *http.Request, up net.Conn, upBR *bufio.Reader) boo
 	// header for absolute-form requests), so the upstream sees the host
 	// the decision was about.
 	req.RequestURI = ""
-	// The request is written while the response is read: an upstream
-	// answering 100 Continue waits for a body the client sends only after
-	// that answer.
-	werr := make(chan error, 1)
-	go func() { werr <- req.Write(up) }()
-	// writeDone waits for the writer and reports whether it sent the whole
-	// request; one still blocked after a second (an early final answer, a
-	// body never sent) is unblocked by failing its client read.
-	writeDone := func() bool {
-		t := time.NewTimer(time.Second)
-		defer t.Stop()
-		select {
-		case err := <-werr:
-			return err == nil
-		case <-t.C:
-			_ = c.SetReadDeadline(time.Now())
-			// A writer that still completes sent the whole request;
-			// readRequest sets a new deadline for the next one.
-			err := <-werr
-			return err == nil
-		}
-	}
+	writeDone := writeRequest(c, req, up)
+	upBR := up.br
 	resp, err := http.ReadResponse(upBR, req)
 	// Interim responses (100 Continue, 103 Early Hints) are relayed and
 	// the final one follows.
@@ -654,9 +657,11 @@ func forward(c net.Conn, req *http.Request, up net.Conn, upBR *bufio.Reader) boo
 		return false
 	}
 	// The header goes out in one write; the body is flushed before every
-	// read from upstream, so a streamed response is not held back.
-	bw := bufio.NewWriterSize(c, bufSize)
-	resp.Body = flushBeforeRead{resp.Body, bw}
+	// read that would wait for upstream, so a streamed response is not
+	// held back (and a response already read whole leaves in one write).
+	bw := cw
+	bw.Reset(c)
+	resp.Body = flushBeforeRead{resp.Body, bw, upBR}
 	// (Write only: bufio's ReadFrom would read into its own buffer while
 	// the body's Read flushes it.)
 	if err := resp.Write(struct{ io.Writer }{bw}); err != nil || bw.Flush() != nil {
@@ -669,16 +674,53 @@ func forward(c net.Conn, req *http.Request, up net.Conn, upBR *bufio.Reader) boo
 	return !req.Close && !resp.Close
 }
 
+// writeRequest sends req upstream and returns the function that waits
+// for the sending to end and reports whether the whole request went out.
+// A request with a body is written while the response is read: an
+// upstream answering 100 Continue waits for a body the client sends only
+// after that answer; a writer still blocked a second after the response
+// (an early final answer, a body never sent) is unblocked by failing its
+// client read. A request without a body is written at once.
+func writeRequest(c net.Conn, req *http.Request, up *upConn) (done func() bool) {
+	if req.ContentLength == 0 && len(req.TransferEncoding) == 0 {
+		req.Body = nil
+		err := req.Write(up.bw)
+		if err == nil {
+			err = up.bw.Flush()
+		}
+		return func() bool { return err == nil }
+	}
+	werr := make(chan error, 1)
+	go func() { werr <- req.Write(up) }()
+	return func() bool {
+		t := time.NewTimer(time.Second)
+		defer t.Stop()
+		select {
+		case err := <-werr:
+			return err == nil
+		case <-t.C:
+			_ = c.SetReadDeadline(time.Now())
+			// A writer that still completes sent the whole request;
+			// readRequest sets a new deadline for the next one.
+			err := <-werr
+			return err == nil
+		}
+	}
+}
+
 // flushBeforeRead is a response body that flushes the client writer
-// before each read from upstream.
+// before a read that may wait for upstream (nothing buffered from it).
 type flushBeforeRead struct {
 	io.ReadCloser
-	w *bufio.Writer
+	w  *bufio.Writer
+	br *bufio.Reader
 }
 
 func (f flushBeforeRead) Read(p []byte) (int, error) {
-	if err := f.w.Flush(); err != nil {
-		return 0, err
+	if f.br.Buffered() == 0 {
+		if err := f.w.Flush(); err != nil {
+			return 0, err
+		}
 	}
 	return f.ReadCloser.Read(p)
 }

@@ -14,6 +14,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -184,7 +185,9 @@ func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, decis
 		_ = raw.SetDeadline(time.Time{})
 		up = utc
 	}
-	upBR := bufio.NewReader(up)
+	ip, _ := netip.ParseAddr(connEv.IP)
+	upc := newUpstream(up, host, port, ip)
+	cw := bufio.NewWriterSize(client, bufSize)
 	cr := &capReader{r: client}
 	cbr := bufio.NewReaderSize(cr, bufSize)
 	limit := int64(connectHeaderLimit)
@@ -217,7 +220,7 @@ func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, decis
 			ev.Decision = "allow"
 		}
 		p.emit(&ev)
-		if !forward(client, req, up, upBR) {
+		if !forward(client, cw, req, upc) {
 			return
 		}
 	}
