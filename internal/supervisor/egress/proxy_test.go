@@ -571,3 +571,24 @@ func loopbackServer(t testing.TB, handle func(net.Conn)) net.Listener {
 	}()
 	return ln
 }
+
+// A kept-alive upstream connection is reused only while the current
+// policy admits the address it reaches: after a reload that drops the
+// loopback allowed_ips, the next request on the same client connection is
+// refused by the SSRF guard instead of riding the open connection.
+func TestProxyReusedUpstreamFollowsReload(t *testing.T) {
+	port := upstream(t)
+	tp := startProxy(t, Config{Resolver: loopbackResolver("allowed.test"), Identify: fixedCaller("/usr/bin/curl")}, curlRules(port, "127.0.0.1"))
+	rc := dialProxy(t, tp)
+	target := fmt.Sprintf("http://allowed.test:%d/x", port)
+	if r, body := rc.do(t, "GET", target, ""); r.StatusCode != 200 {
+		t.Fatalf("first request = %d %q, want 200", r.StatusCode, body)
+	}
+	tp.proxy.SetSnapshot(mustCompile(t, curlRules(port)))
+	if r, body := rc.do(t, "GET", target, ""); r.StatusCode != http.StatusForbidden {
+		t.Errorf("request after the reload = %d %q, want 403", r.StatusCode, body)
+	}
+	if ev := tp.events.last(t); ev.Decision != "deny" || !strings.Contains(ev.Reason, "127.0.0.1") {
+		t.Errorf("event = %+v, want a denial naming the refused address", ev)
+	}
+}
