@@ -211,8 +211,7 @@ func egressUpstream(t *testing.T) (curl, port string, portN uint32) {
 // inherited dialer channel died with the old gateway: the agent's
 // request through the proxy must succeed again (the supervisor reconnects
 // to the dialer socket the new gateway serves). Both kinds of sandbox:
-// one with a host id range of its own (curl from the host system) and a
-// dir: image one whose supervisor runs as the gateway's own host uid
+// one without an image (curl from the host system) and a dir: image one
 // (sbhelper get, a static binary, in its workspace).
 func TestEgressProxyAfterGatewayRestart(t *testing.T) {
 	curl, port, portN := egressUpstream(t)

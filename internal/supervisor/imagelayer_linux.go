@@ -16,16 +16,48 @@ import (
 // and work: layer/upper, layer/work), or, where the kernel refuses the
 // overlay, a private copy of the image in layer/copy. Either way writes
 // stay in layer, never in the image, and the layer outlives stop/start.
+//
+// image and layer are paths, or /proc/self/fd/N: the process driver hands
+// the layer over as a detached mount and the image as a socket on which it
+// sends a detached, id-mapped mount of the image once this process's user
+// namespace exists (a detached mount itself is taken too). Those are
+// attached on a staging tmpfs at root, which the image then covers; they
+// leave with the old root at the pivot.
 func mountImage(image, layer, root string) error {
-	img, err := filepath.EvalSymlinks(image)
-	if err != nil {
-		return err
-	}
-	if !isDirPath(img) || img == "/" {
-		return errors.New("not a directory other than /")
-	}
 	if layer == "" {
 		return fmt.Errorf("no writable layer directory (%s)", EnvRootfsLayer)
+	}
+	imgFD, layerFD := inheritedFD(image), inheritedFD(layer)
+	if imgFD >= 0 || layerFD >= 0 {
+		if err := unix.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0700"); err != nil {
+			return fmt.Errorf("mount staging tmpfs at %s: %w", root, err)
+		}
+	}
+	img := filepath.Join(root, ".image")
+	if imgFD >= 0 {
+		if err := attachImage(imgFD, img); err != nil {
+			return err
+		}
+	} else {
+		var err error
+		if img, err = filepath.EvalSymlinks(image); err != nil {
+			return err
+		}
+		if !isDirPath(img) || img == "/" {
+			return errors.New("not a directory other than /")
+		}
+	}
+	if layerFD >= 0 {
+		l := filepath.Join(root, ".layer")
+		if err := os.Mkdir(l, 0o700); err != nil {
+			return err
+		}
+		err := bindFD(layerFD, l, 0)
+		_ = unix.Close(layerFD) // attached: no fd of the host's layer directory stays open
+		if err != nil {
+			return fmt.Errorf("attach writable layer at %s: %w", l, err)
+		}
+		layer = l
 	}
 	src, err := imageLayer(img, layer, mountOverlay(root))
 	if err != nil {
@@ -38,6 +70,63 @@ func mountImage(image, layer, root string) error {
 		return fmt.Errorf("bind image copy %s at %s: %w", src, root, err)
 	}
 	return nil
+}
+
+// attachImage attaches the image mount named by fd (a detached mount, or a
+// socket that carries one) at dst, and closes fd.
+func attachImage(fd int, dst string) error {
+	defer func() { _ = unix.Close(fd) }()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("image fd %d: %w", fd, err)
+	}
+	mnt := fd
+	if st.Mode&unix.S_IFMT == unix.S_IFSOCK {
+		var err error
+		if mnt, err = receiveFD(fd); err != nil {
+			return fmt.Errorf("receive the image mount: %w", err)
+		}
+		defer func() { _ = unix.Close(mnt) }()
+	}
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return err
+	}
+	if err := unix.MoveMount(mnt, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach the image mount at %s: %w", dst, err)
+	}
+	return nil
+}
+
+// receiveFD waits for one message carrying one fd on the socket sock.
+func receiveFD(sock int) (int, error) {
+	oob := make([]byte, unix.CmsgSpace(4))
+	for {
+		_, oobn, _, _, err := unix.Recvmsg(sock, make([]byte, 1), oob, unix.MSG_CMSG_CLOEXEC)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return -1, err
+		}
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return -1, err
+		}
+		var fds []int
+		for i := range msgs {
+			got, err := unix.ParseUnixRights(&msgs[i])
+			if err == nil {
+				fds = append(fds, got...)
+			}
+		}
+		if len(fds) != 1 {
+			for _, f := range fds {
+				_ = unix.Close(f)
+			}
+			return -1, fmt.Errorf("got %d fds, want 1 (the process driver closed the socket without sending the image)", len(fds))
+		}
+		return fds[0], nil
+	}
 }
 
 // mountOverlay returns the overlay mount of lower, upper and work at

@@ -516,8 +516,10 @@ Compute drivers start it with no arguments and this environment:
   `+EnvHostname+`   hostname to set (own uts namespace)
   `+EnvPrivateTmp+`      "true": pivot into a root of read-only host system directories,
                              private /tmp and /dev, workspace at /sandbox (own mount namespace)
-  `+EnvRootfs+`           local root filesystem image to pivot into instead (read-only lower layer)
-  `+EnvRootfsLayer+`     directory holding the image's per-sandbox writable layer (required with `+EnvRootfs+`)
+  `+EnvRootfs+`           local root filesystem image to pivot into instead (read-only lower layer);
+                             /proc/self/fd/N: an inherited detached mount, or a socket that sends one
+  `+EnvRootfsLayer+`     directory holding the image's per-sandbox writable layer (required with `+EnvRootfs+`;
+                             /proc/self/fd/N: an inherited detached mount)
   `+EnvPrivateNetwork+`  "true": own network namespace, loopback only (needs a unix:// endpoint)
   `+EnvEgressDialerFD+`  inherited descriptor of the driver's host dialer: with `+EnvPrivateNetwork+`,
                              runs the egress proxy on `+egressProxyAddr+` (see docs/security.md)

@@ -14,18 +14,19 @@
 // recursively private before it mounts anything (see the contract
 // below).
 //
-// User namespace. Where the gateway runs as root, a sandbox without an
-// image also gets a new user namespace mapping its ids 0..65535 to a host
-// id range of its own (2^30 + n*65536, the lowest range no other sandbox
+// User namespace. Where the gateway runs as root, every sandbox also gets
+// a new user namespace mapping its ids 0..65535 to a host id range of its
+// own (2^30 + n*65536, the lowest range no other sandbox
 // holds, recorded in state.json as host_id_base and kept across
 // stop/start), and the supervisor starts as the namespace's root: on the
 // host it is that unprivileged id, not root, and so is anything that
 // escapes the sandbox's other layers. Its workspace is owned by the range's
 // root (a workspace of another owner, as earlier versions left it, is
-// converted once). A sandbox with a dir: image runs without a user
-// namespace for now: the image's files belong to host ids outside the
-// range, which its overlay could not give the sandbox to write (idmapped
-// lower layers would). Where the gateway does not run as root, every
+// converted once). A dir: image reaches the sandbox as an id-mapped mount
+// (below), so its files owned by host ids 0..65535 are the sandbox's ids
+// 0..65535 inside; a kernel or filesystem without id-mapped mounts fails
+// the create (FailedPrecondition), never falls back to host root. Where
+// the gateway does not run as root, every
 // sandbox gets a user namespace mapping the gateway's uid/gid to root
 // (size 1). Resource requests
 // and limits are enforced with cgroup v2 (<cgroup_root>/openshell/<id>,
@@ -112,12 +113,20 @@
 // supervisor that outlived the gateway process holding fd 3's other end
 // regains its egress. Both live in the gateway process: they stop with
 // the supervisor or the driver and are resumed for supervisors found
-// running when the driver starts. A supervisor without an id range (a
-// rootfs image, or a gateway not running as root) gets the same
-// directory and sockets (OPENSHELL_ENDPOINT names the directory by its
-// path), owned by and checked against the gateway's own host uid, which
-// is the uid it runs as (host root for a rootfs image under a root
-// gateway). The supervisor closes or marks
+// running when the driver starts. For a dir: image, OPENSHELL_ROOTFS_LAYER
+// is a detached copy of <id>/rootfs-layer/ (owned by the range's root; a
+// layer of an earlier version is converted once: owners u < 65536 become
+// base+u, trusted.overlay.* attributes user.overlay.*) and
+// OPENSHELL_ROOTFS a SOCK_SEQPACKET socket: right after the start the
+// driver opens the supervisor's /proc/<pid>/ns/user, makes a detached,
+// read-only copy of the image directory's mount (open_tree), id-maps it
+// into that namespace (mount_setattr, MOUNT_ATTR_IDMAP) and sends it with
+// SCM_RIGHTS; the supervisor waits for it before it mounts anything, and
+// exits if the socket closes without it. A supervisor without an id range
+// (a gateway not running as root) gets the same directory and sockets
+// (OPENSHELL_ENDPOINT names the directory by its path), owned by and
+// checked against the gateway's own host uid, which is the uid it runs as,
+// and the image and layer by path. The supervisor closes or marks
 // close-on-exec every inherited fd, so none reaches a sandbox process.
 //
 // And, because Go cannot run code between clone and exec, these requests
@@ -133,7 +142,9 @@
 //	OPENSHELL_PRIVATE_NETWORK     "true" (always): bring up lo in its own network namespace and
 //	                              refuse to start if any other interface is there
 //	OPENSHELL_ROOTFS              set only for a local rootfs image: the root is the image
-//	OPENSHELL_ROOTFS_LAYER        with OPENSHELL_ROOTFS: <state_dir>/sandboxes/<id>/rootfs-layer,
+//	                              (under a root gateway an inherited socket, see above)
+//	OPENSHELL_ROOTFS_LAYER        with OPENSHELL_ROOTFS: <state_dir>/sandboxes/<id>/rootfs-layer
+//	                              (under a root gateway an inherited detached mount of it),
 //	                              the image's per-sandbox writable layer
 //
 // The sandbox's root is assembled at a staging mount on /tmp (every source
@@ -192,9 +203,9 @@
 // sandbox's processes run as
 // root of their namespaces with full capabilities there unless the
 // supervisor drops them (see internal/supervisor), so one that means to can
-// remount the read-only directories writable again; and in a sandbox with
-// an image under a root gateway (no user namespace) that root is the
-// host's, able to create device nodes and mount host disks. The token
+// remount the read-only directories writable again (in the sandbox's
+// own mount namespace: the image stays unchanged, the writes go to the
+// layer). The token
 // file is read by the supervisor before the pivot and is not in the
 // sandbox's root; the variable naming it is removed from the environment
 // of sandbox processes.

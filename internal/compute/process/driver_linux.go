@@ -332,8 +332,8 @@ func (d *Driver) validate(sb compute.Sandbox) (rootfs string, l limits, cgRoot s
 	if len(spec.Template.Annotations) > 0 {
 		return "", l, "", errdefs.InvalidArgument("spec.template annotations are not supported by the process driver (they are Kubernetes pod annotations)")
 	}
-	if u := spec.Template.UserNamespaces; u != nil && *u != mappedUserNS(rootfs) {
-		return "", l, "", errdefs.InvalidArgument(userNamespacesRefusal(*u, rootfs))
+	if u := spec.Template.UserNamespaces; u != nil && *u != mappedUserNS() {
+		return "", l, "", errdefs.InvalidArgument(userNamespacesRefusal(*u))
 	}
 	for k := range spec.Template.DriverConfig {
 		return "", l, "", errdefs.InvalidArgument(fmt.Sprintf("process driver: unknown driver_config key %q", k))
@@ -373,7 +373,7 @@ func unprivileged() bool { return os.Geteuid() != 0 }
 // probeBase is the id range checkNamespaces tries: the first one when
 // sandboxes get ranges.
 func probeBase() uint32 {
-	if mappedUserNS("") {
+	if mappedUserNS() {
 		return idRangeStart
 	}
 	return 0
@@ -518,7 +518,7 @@ func (d *Driver) createFiles(sb *sandbox, token string) error {
 func (d *Driver) spawn(sb *sandbox, rootfs string, l limits, cgRoot string) error {
 	id := sb.rec.ID
 	var base uint32
-	if mappedUserNS(rootfs) {
+	if mappedUserNS() {
 		d.mu.Lock()
 		err := d.allocIDBaseLocked(sb)
 		base = sb.rec.IDBase
@@ -564,14 +564,16 @@ func (d *Driver) spawn(sb *sandbox, rootfs string, l limits, cgRoot string) erro
 	cmd.Dir = d.workspaceDir(id)
 	cmd.Env = d.environ(sb, rootfs)
 	cmd.ExtraFiles = []*os.File{dialChild} // fd 3, OPENSHELL_EGRESS_DIALER_FD
+	var imageSock *os.File
 	if base > 0 {
 		// Appends fds 4 and up.
-		files, err := d.prepareUserNS(sb, cmd, base)
-		for _, f := range files {
-			defer f.Close()
-		}
-		if err != nil {
+		in := &inherited{cmd: cmd}
+		defer in.close()
+		if imageSock, err = d.prepareUserNS(sb, in, base, rootfs); err != nil {
 			return err
+		}
+		if imageSock != nil {
+			defer imageSock.Close()
 		}
 	} else if err := d.prepareOwnIDs(sb, cmd); err != nil {
 		return err
@@ -598,6 +600,15 @@ func (d *Driver) spawn(sb *sandbox, rootfs string, l limits, cgRoot string) erro
 		return fmt.Errorf("sandbox %q: start supervisor: %w", id, err)
 	}
 	pid := cmd.Process.Pid
+	if imageSock != nil {
+		// The supervisor waits for its image before it mounts anything.
+		if err := sendImageMount(imageSock, pid, rootfs); err != nil {
+			_ = signalGroup(pid, syscall.SIGKILL)
+			_, _ = cmd.Process.Wait()
+			_ = removeCgroup(sb.rec.CgroupDir)
+			return errdefs.FailedPrecondition(fmt.Sprintf("sandbox %q: %v", id, err))
+		}
+	}
 	// Serve ends when the supervisor (the only other holder) exits.
 	serving = true
 	go func() { _ = hostdial.Serve(dialServe, dialTimeout, nil) }()
@@ -1056,13 +1067,9 @@ func (d *Driver) saveErr(sb *sandbox) error {
 // userNamespacesRefusal explains why the process driver cannot honour an
 // explicit user_namespaces request: whether a sandbox's root maps to an
 // unprivileged host id range is decided by the driver, not the request.
-func userNamespacesRefusal(want bool, rootfs string) string {
-	switch {
-	case !want:
-		return "spec.template user_namespaces=false is not supported by the process driver: sandboxes without an image always map their root to an unprivileged host id range"
-	case rootfs != "":
-		return "spec.template user_namespaces=true is not supported by the process driver for dir: images yet (their root is not mapped to an unprivileged host id range)"
-	default:
-		return "spec.template user_namespaces=true is not supported by the process driver when the gateway does not run as root (only its own id can be mapped)"
+func userNamespacesRefusal(want bool) string {
+	if !want {
+		return "spec.template user_namespaces=false is not supported by the process driver: sandboxes always map their root to an unprivileged host id range"
 	}
+	return "spec.template user_namespaces=true is not supported by the process driver when the gateway does not run as root (only its own id can be mapped)"
 }

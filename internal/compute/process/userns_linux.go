@@ -33,11 +33,11 @@ const (
 	idRangeSlots = 1 << 14
 )
 
-// mappedUserNS reports whether a sandbox runs in a user namespace mapping
-// its root to its own host id range: when the gateway is root (it may
-// write such maps) and the sandbox has no image (an image's files belong
-// to host ids outside the range, which the sandbox could not write).
-func mappedUserNS(rootfs string) bool { return !unprivileged() && rootfs == "" }
+// mappedUserNS reports whether sandboxes run in a user namespace mapping
+// their root to a host id range of their own: when the gateway is root (it
+// may write such maps). A dir: image is then given to the sandbox through
+// an id-mapped mount (see sendImageMount).
+func mappedUserNS() bool { return !unprivileged() }
 
 // allocIDBaseLocked gives sb a host id range not used by another sandbox.
 // d.mu must be held.
@@ -257,54 +257,80 @@ func (p *gatewayProxy) Close() {
 	_ = os.Remove(p.path)
 }
 
+// inherited collects the files a supervisor inherits beyond fd 3; the
+// caller closes them once the process started.
+type inherited struct {
+	cmd   *exec.Cmd
+	files []*os.File
+}
+
+// pass appends f to the supervisor's inherited fds and returns the name
+// the supervisor opens it by, /proc/self/fd/N.
+func (in *inherited) pass(f *os.File) string {
+	in.files = append(in.files, f)
+	in.cmd.ExtraFiles = append(in.cmd.ExtraFiles, f)
+	return "/proc/self/fd/" + strconv.Itoa(2+len(in.cmd.ExtraFiles))
+}
+
+// close closes the collected files.
+func (in *inherited) close() {
+	for _, f := range in.files {
+		f.Close()
+	}
+}
+
 // prepareUserNS hands a user-namespace supervisor what it cannot reach by
 // path from its host ids (the gateway's state directory is private to the
 // gateway's user): its binary, workspace and token as inherited fds named
 // /proc/self/fd/N, and a gateway socket of its own. It makes the
-// workspace the sandbox root's. The returned files are closed by the
-// caller once the process started.
-func (d *Driver) prepareUserNS(sb *sandbox, cmd *exec.Cmd, base uint32) ([]*os.File, error) {
+// workspace the sandbox root's. For a dir: image it passes the writable
+// layer likewise and returns the gateway's end of the socket on which
+// sendImageMount hands over the image once the process exists (nil
+// without an image).
+func (d *Driver) prepareUserNS(sb *sandbox, in *inherited, base uint32, rootfs string) (imageSock *os.File, err error) {
 	id := sb.rec.ID
-	var files []*os.File
-	pass := func(f *os.File) string {
-		files = append(files, f)
-		cmd.ExtraFiles = append(cmd.ExtraFiles, f)
-		return "/proc/self/fd/" + strconv.Itoa(2+len(cmd.ExtraFiles))
-	}
+	cmd := in.cmd
 	if err := chownTree(d.workspaceDir(id), int(base), int(base)); err != nil {
-		return files, fmt.Errorf("sandbox %q: workspace owner: %w", id, err)
+		return nil, fmt.Errorf("sandbox %q: workspace owner: %w", id, err)
 	}
 	bin, err := os.Open(d.cfg.supervisorPath)
 	if err != nil {
-		return files, errdefs.FailedPrecondition(fmt.Sprintf("open supervisor %s: %v", d.cfg.supervisorPath, err))
+		return nil, errdefs.FailedPrecondition(fmt.Sprintf("open supervisor %s: %v", d.cfg.supervisorPath, err))
 	}
 	// Executed through the fd: the binary's directory need not be
 	// searchable by the sandbox's host ids.
-	cmd.Path = pass(bin)
+	cmd.Path = in.pass(bin)
 	ws, err := openTree(d.workspaceDir(id))
 	if err != nil {
-		return files, fmt.Errorf("sandbox %q: %w", id, err)
+		return nil, fmt.Errorf("sandbox %q: %w", id, err)
 	}
-	setEnv(cmd, "OPENSHELL_WORKSPACE_DIR", pass(ws))
+	setEnv(cmd, "OPENSHELL_WORKSPACE_DIR", in.pass(ws))
 	cmd.Dir = "/"
 	if tok, err := os.Open(d.tokenPath(id)); err == nil {
 		// Read from the fd: the file stays the gateway's, mode 0600.
-		setEnv(cmd, "OPENSHELL_SANDBOX_TOKEN_FILE", pass(tok))
+		setEnv(cmd, "OPENSHELL_SANDBOX_TOKEN_FILE", in.pass(tok))
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return files, fmt.Errorf("sandbox %q: token file: %w", id, err)
+		return nil, fmt.Errorf("sandbox %q: token file: %w", id, err)
 	}
-	return d.prepareSockets(sb, cmd, files, pass)
+	if err := d.prepareSockets(sb, cmd, in.pass); err != nil {
+		return nil, err
+	}
+	if rootfs == "" {
+		return nil, nil
+	}
+	return d.prepareImage(sb, in, base)
 }
 
 // prepareSockets serves sb's gateway socket and host dialer socket in
 // <sandbox>/gateway/, owned by the host uid its supervisor runs as, and
 // names them to the supervisor: through pass, an inherited fd of a
-// detached copy of the directory, or, with pass nil, by path. Without a unix callback endpoint there is nothing to forward to.
-func (d *Driver) prepareSockets(sb *sandbox, cmd *exec.Cmd, files []*os.File, pass func(*os.File) string) ([]*os.File, error) {
+// detached copy of the directory, or, with pass nil, by path. Without a
+// unix callback endpoint there is nothing to forward to.
+func (d *Driver) prepareSockets(sb *sandbox, cmd *exec.Cmd, pass func(*os.File) string) error {
 	id := sb.rec.ID
 	target := unixEndpointPath(d.cfg.endpoint)
 	if target == "" {
-		return files, nil
+		return nil
 	}
 	uid, gid := d.supervisorIDs(sb)
 	d.mu.Lock()
@@ -313,12 +339,12 @@ func (d *Driver) prepareSockets(sb *sandbox, cmd *exec.Cmd, files []*os.File, pa
 	if p == nil {
 		var err error
 		if p, err = listenProxy(d.proxyDir(id), target, uid, gid); err != nil {
-			return files, fmt.Errorf("sandbox %q: gateway socket: %w", id, err)
+			return fmt.Errorf("sandbox %q: gateway socket: %w", id, err)
 		}
 		dl, err := listenDialer(d.proxyDir(id), uid, gid)
 		if err != nil {
 			p.Close()
-			return files, fmt.Errorf("sandbox %q: host dialer socket: %w", id, err)
+			return fmt.Errorf("sandbox %q: host dialer socket: %w", id, err)
 		}
 		d.mu.Lock()
 		sb.proxy, sb.dialer = p, dl
@@ -328,22 +354,21 @@ func (d *Driver) prepareSockets(sb *sandbox, cmd *exec.Cmd, files []*os.File, pa
 	if pass != nil {
 		f, err := openTree(dir)
 		if err != nil {
-			return files, fmt.Errorf("sandbox %q: %w", id, err)
+			return fmt.Errorf("sandbox %q: %w", id, err)
 		}
 		dir = pass(f)
 	}
 	setEnv(cmd, "OPENSHELL_ENDPOINT", "unix://"+dir+"/"+proxySocketName)
 	setEnv(cmd, "OPENSHELL_EGRESS_DIALER_SOCKET", dialerSocketName)
-	return files, nil
+	return nil
 }
 
 // prepareOwnIDs gives a supervisor without an id range of its own (a
-// rootfs image, or a gateway not running as root) the same sockets as
-// prepareUserNS. It runs as the gateway's own host uid, which owns them
-// and can open their directory by path (pinUnixEndpoint pins it).
+// gateway not running as root) the same sockets as prepareUserNS. It runs
+// as the gateway's own host uid, which owns them and can open their
+// directory by path (pinUnixEndpoint pins it).
 func (d *Driver) prepareOwnIDs(sb *sandbox, cmd *exec.Cmd) error {
-	_, err := d.prepareSockets(sb, cmd, nil, nil)
-	return err
+	return d.prepareSockets(sb, cmd, nil)
 }
 
 // supervisorIDs returns the host uid and gid sb's supervisor runs as: the

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestGatewayProxy: the sandbox's own socket (owned by its root, 0600 in a
@@ -97,4 +99,70 @@ func TestAllocIDBase(t *testing.T) {
 	if err := d.allocIDBaseLocked(d.sandboxes["a"]); err != nil || d.sandboxes["a"].rec.IDBase != want[0] {
 		t.Errorf("re-allocation changed a's range to %d", d.sandboxes["a"].rec.IDBase)
 	}
+}
+
+// TestShiftLayer: a writable layer left by a supervisor without a user
+// namespace is converted once into the sandbox's range: owners shift by
+// the base (keeping who owns what inside), setuid bits stay, overlay's
+// trusted.overlay.* attributes become user.overlay.*; a converted layer is
+// left alone.
+func TestShiftLayer(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to chown")
+	}
+	const base = idRangeStart + 7*idRangeSize
+	layer := filepath.Join(t.TempDir(), "rootfs-layer")
+	dir := filepath.Join(layer, "upper", "opaque")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Lsetxattr(dir, "trusted.overlay.opaque", []byte("y"), 0); err != nil {
+		t.Skipf("no trusted xattrs here: %v", err)
+	}
+	file := filepath.Join(layer, "upper", "suid")
+	if err := os.WriteFile(file, nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(file, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Chmod(file, 0o4755); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(layer, "upper", "link")
+	if err := os.Symlink("suid", link); err != nil {
+		t.Fatal(err)
+	}
+	if err := shiftLayer(layer, base); err != nil {
+		t.Fatalf("shiftLayer() = %v", err)
+	}
+	check := func(p string, uid, gid uint32, mode uint32) {
+		t.Helper()
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Uid != uid || st.Gid != gid || (mode != 0 && st.Mode&0o7777 != mode) {
+			t.Errorf("%s: %d:%d mode %o, want %d:%d mode %o", p, st.Uid, st.Gid, st.Mode&0o7777, uid, gid, mode)
+		}
+	}
+	check(layer, base, base, 0o755)
+	check(dir, base, base, 0o755)
+	check(file, base+1000, base+1000, 0o4755)
+	check(link, base, base, 0)
+	buf := make([]byte, 16)
+	if n, err := unix.Lgetxattr(dir, "user.overlay.opaque", buf); err != nil || string(buf[:n]) != "y" {
+		t.Errorf("user.overlay.opaque = %q, %v, want y", buf[:n], err)
+	}
+	if _, err := unix.Lgetxattr(dir, "trusted.overlay.opaque", buf); err == nil {
+		t.Error("trusted.overlay.opaque is still there")
+	}
+	// Converted: a second pass changes nothing.
+	if err := os.Chown(file, base+5, base+5); err != nil {
+		t.Fatal(err)
+	}
+	if err := shiftLayer(layer, base); err != nil {
+		t.Fatal(err)
+	}
+	check(file, base+5, base+5, 0)
 }
