@@ -15,6 +15,8 @@
 #  5. API domain packages (internal/api/<domain>/...) do not import each
 #     other; they share only internal/api/authz (and apitest in tests). The
 #     composition package internal/api is the one place that imports them all.
+#  6. Only the docker driver (internal/compute/docker/...) imports the Docker
+#     Engine client (github.com/docker/docker/...); tests may.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,7 +67,12 @@ bad="$(echo "$edges" | awk '
   }')"
 report "internal/api/<domain> packages must not import each other (only authz)" "$bad"
 
+# 6. The Docker Engine client stays inside the docker driver.
+bad="$(go list -f '{{$p := .ImportPath}}{{range .Imports}}{{$p}} {{.}}
+{{end}}' ./... | awk -v m="$mod/" '$2 ~ /^github\.com\/docker\/docker(\/|$)/ && $1 !~ ("^" m "internal/compute/docker(/|$)") { print $1 " imports " $2 }')"
+report "only internal/compute/docker may import the Docker Engine client" "$bad"
+
 if [ "$fail" -ne 0 ]; then
   exit 1
 fi
-echo "import rules hold: api/ isolated, drivers independent, test helpers test-only, server without store, API domains independent"
+echo "import rules hold: api/ isolated, drivers independent, test helpers test-only, server without store, API domains independent, Docker client only in the docker driver"

@@ -2,7 +2,8 @@
 # Installs the Debian packages the test suites need when they are missing:
 # protoc and its well-known types (regenerate-and-diff), PostgreSQL (store and gateway suites),
 # OpenSSH client (CLI ssh-config test), busybox-static (rootfs sandboxes), curl (HTTP/2
-# endpoints answered to curl's default negotiation).
+# endpoints answered to curl's default negotiation), docker.io (docker driver suites: dockerd,
+# started by test/docker/start.sh).
 # Needs root and apt-get; otherwise it says what to install and returns 1.
 set -euo pipefail
 pkgs=()
@@ -16,6 +17,7 @@ command -v python3 >/dev/null 2>&1 || pkgs+=(python3)
 [ -x /bin/busybox ] || pkgs+=(busybox-static)
 command -v curl >/dev/null 2>&1 || pkgs+=(curl)
 command -v wget >/dev/null 2>&1 || pkgs+=(wget)
+command -v dockerd >/dev/null 2>&1 || pkgs+=(docker.io)
 if [ "${#pkgs[@]}" -eq 0 ]; then
   exit 0
 fi

@@ -32,6 +32,15 @@ start_postgres() {
 }
 need postgres start_postgres || true
 
+# Docker Engine with its own data root and socket (docker driver suites).
+start_docker() {
+  local out
+  out="$("$root/test/docker/start.sh")" || return 1
+  eval "$out"
+  cleanup+=("'$root/test/docker/stop.sh' '$OPENSHELL_TEST_DOCKER_DIR'")
+}
+need docker start_docker || true
+
 # kube-apiserver, etcd, agent-sandbox controller: built on first use, cached.
 k8s_bins() { local out; out="$("$root/test/k8s/build.sh")" || return 1; eval "$out"; }
 need kubernetes k8s_bins || true

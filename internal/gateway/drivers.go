@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"github.com/openshell-go/openshell/internal/compute"
+	"github.com/openshell-go/openshell/internal/compute/docker"
 	"github.com/openshell-go/openshell/internal/compute/kubernetes"
 	"github.com/openshell-go/openshell/internal/compute/process"
 )
@@ -11,6 +12,7 @@ import (
 func drivers() *compute.Registry {
 	r := compute.NewRegistry()
 	r.Register("process", process.New)
+	r.Register("docker", docker.New)
 	r.Register("kubernetes", kubernetes.New)
 	return r
 }

@@ -422,7 +422,7 @@ func selectDriver(ctx context.Context, cfg *config.Config, logger *slog.Logger, 
 }
 
 // probeDriver: kubernetes when in-cluster, else the process driver.
-// Docker is used only when asked for (it is not built in yet).
+// Docker is used only when asked for (--drivers docker).
 func probeDriver() string {
 	if os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
 		return "kubernetes"

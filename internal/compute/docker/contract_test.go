@@ -1,0 +1,272 @@
+package docker_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/openshell-go/openshell/internal/compute"
+	"github.com/openshell-go/openshell/internal/compute/computetest"
+	"github.com/openshell-go/openshell/internal/compute/docker"
+	"github.com/openshell-go/openshell/internal/errdefs"
+)
+
+// TestContainerContract checks what the supervisor finds in its container
+// and what the Engine records about it: the environment contract, the
+// token as a root-only 0600 file (never in env or labels), no network, the
+// callback socket reachable, the dropped capabilities, labels and limits.
+func TestContainerContract(t *testing.T) {
+	e := newEnv(t)
+	d := e.open(t, map[string]any{"sandbox_pids_limit": 256})
+	cleanupSandboxes(t, d)
+	sb := goodSandbox(computetest.NewID(), computetest.NewName())
+	sb.Spec.Command = []string{"/bin/sh", "-c", "echo hi"}
+	sb.Spec.LogLevel = "debug"
+	sb.Spec.Environment["OPENSHELL_SANDBOX_TOKEN"] = "smuggled"
+	sb.Spec.Template.Resources = compute.Resources{CPURequest: "250m", CPULimit: "500m", MemoryRequest: "64Mi", MemoryLimit: "128Mi"}
+	if err := d.Create(t.Context(), sb); err != nil {
+		t.Fatalf("Create() error = %v", err)
+	}
+	waitReady(t, d, sb.ID)
+	r := reports(t, e.cli, sb.ID, 1)[0]
+
+	wantEnv := map[string]string{
+		"OPENSHELL_SANDBOX_ID":         sb.ID,
+		"OPENSHELL_SANDBOX_NAME":       sb.Name,
+		"OPENSHELL_ENDPOINT":           "unix://" + docker.CallbackDir + "/gateway.sock",
+		"OPENSHELL_SANDBOX_TOKEN_FILE": docker.TokenDir + "/token",
+		"OPENSHELL_SANDBOX_COMMAND":    `["/bin/sh","-c","echo hi"]`,
+		"OPENSHELL_SANDBOX_TTY":        "false",
+		"OPENSHELL_LOG_LEVEL":          "debug",
+		"OPENSHELL_WORKSPACE_DIR":      "/sandbox",
+		"HOME":                         "/sandbox",
+		"FROM_TEMPLATE":                "t",
+		"FROM_SPEC":                    "s",
+	}
+	for k, v := range wantEnv {
+		if r.Env[k] != v {
+			t.Errorf("env %s = %q, want %q", k, r.Env[k], v)
+		}
+	}
+	if v, ok := r.Env["OPENSHELL_SANDBOX_TOKEN"]; ok {
+		t.Errorf("env OPENSHELL_SANDBOX_TOKEN = %q, want unset", v)
+	}
+	if r.Token != sb.Spec.SandboxToken || r.TokenMode != "600" || r.TokenDir != "700" || r.TokenUID != 0 {
+		t.Errorf("token file = %q mode %s (dir %s) uid %d, want the spec token, 600 in 700, uid 0", r.Token, r.TokenMode, r.TokenDir, r.TokenUID)
+	}
+	if r.UID != 0 || r.Cwd != "/sandbox" || r.Hostname != sb.Name || len(r.Args) != 0 {
+		t.Errorf("uid %d cwd %q hostname %q args %q, want 0 /sandbox %q none", r.UID, r.Cwd, r.Hostname, r.Args, sb.Name)
+	}
+	if diff := cmp.Diff([]string{"lo"}, r.Interfaces); diff != "" {
+		t.Errorf("network interfaces (-want +got):\n%s", diff)
+	}
+	if r.Callback != "ok" {
+		t.Errorf("dial the gateway callback socket: %s", r.Callback)
+	}
+	// CHOWN(0) KILL(5) SETGID(6) SETUID(7) SETPCAP(8).
+	if r.CapEff != "00000000000001e1" {
+		t.Errorf("CapEff = %s, want 00000000000001e1 (CHOWN KILL SETGID SETUID SETPCAP)", r.CapEff)
+	}
+	if r.NoNewPrivs != "1" {
+		t.Errorf("NoNewPrivs = %q, want 1", r.NoNewPrivs)
+	}
+	if r.PidsMax != "256" {
+		t.Errorf("pids.max = %q, want 256", r.PidsMax)
+	}
+
+	info, err := e.cli.ContainerInspect(t.Context(), "openshell-"+sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range info.Config.Env {
+		if strings.Contains(kv, sb.Spec.SandboxToken) || strings.Contains(kv, "smuggled") {
+			t.Errorf("container env holds the token: %q", kv)
+		}
+	}
+	for k, v := range info.Config.Labels {
+		if strings.Contains(v, sb.Spec.SandboxToken) {
+			t.Errorf("label %s holds the token", k)
+		}
+	}
+	wantLabels := map[string]string{docker.LabelSandboxID: sb.ID, docker.LabelSandboxName: sb.Name, docker.LabelGatewayID: d.GatewayID(), docker.LabelWorkspace: "default"}
+	for k, v := range wantLabels {
+		if info.Config.Labels[k] != v {
+			t.Errorf("label %s = %q, want %q", k, info.Config.Labels[k], v)
+		}
+	}
+	if info.HostConfig.NetworkMode != "none" {
+		t.Errorf("network mode = %q, want none", info.HostConfig.NetworkMode)
+	}
+	if got := info.HostConfig.Resources; got.NanoCPUs != 500_000_000 || got.CPUShares != 256 || got.Memory != 128<<20 || got.MemoryReservation != 64<<20 {
+		t.Errorf("resources = cpus %d shares %d memory %d reservation %d, want 5e8 256 128Mi 64Mi", got.NanoCPUs, got.CPUShares, got.Memory, got.MemoryReservation)
+	}
+	var supervisorRO bool
+	for _, m := range info.Mounts {
+		if m.Destination == docker.SupervisorPath {
+			supervisorRO = !m.RW
+		}
+	}
+	if !supervisorRO {
+		t.Errorf("supervisor binary is not mounted read-only at %s: %+v", docker.SupervisorPath, info.Mounts)
+	}
+	if info.Path != docker.SupervisorPath || len(info.Args) != 0 {
+		t.Errorf("container runs %q %q, want the supervisor without arguments", info.Path, info.Args)
+	}
+}
+
+// TestStopStartKeepsWorkspace: stop and start run the same container
+// again with its workspace volume; delete leaves no container and no
+// volume behind.
+func TestStopStartKeepsWorkspace(t *testing.T) {
+	e := newEnv(t)
+	d := e.open(t, nil)
+	cleanupSandboxes(t, d)
+	sb := goodSandbox(computetest.NewID(), computetest.NewName())
+	if err := d.Create(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	first := waitReady(t, d, sb.ID)
+	reports(t, e.cli, sb.ID, 1)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	_ = tw.WriteHeader(&tar.Header{Name: "kept.txt", Mode: 0o644, Size: 4, ModTime: time.Now()})
+	_, _ = tw.Write([]byte("kept"))
+	_ = tw.Close()
+	if err := e.cli.CopyToContainer(t.Context(), "openshell-"+sb.ID, "/sandbox", &buf, container.CopyToContainerOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	before := containersOf(t, e.cli, sb.ID)
+
+	if err := d.Stop(t.Context(), compute.Ref{ID: sb.ID}); err != nil {
+		t.Fatalf("Stop() error = %v", err)
+	}
+	got, err := d.Get(t.Context(), compute.Ref{ID: sb.ID})
+	if err != nil || !computetest.IsStopped(got) {
+		t.Fatalf("Get after Stop = %+v, %v, want stopped", got.Status, err)
+	}
+	if c, ok := computetest.Cond(got, compute.ConditionSuspended); !ok || c.Status != "True" {
+		t.Errorf("Suspended condition after Stop = %+v, want True", c)
+	}
+	if err := d.Start(t.Context(), compute.Ref{Name: sb.Name}); err != nil {
+		t.Fatalf("Start() error = %v", err)
+	}
+	second := waitReady(t, d, sb.ID)
+	if second.Status.InstanceID == first.Status.InstanceID {
+		t.Errorf("InstanceID after Start = %q, want a new one", second.Status.InstanceID)
+	}
+	reports(t, e.cli, sb.ID, 2)
+	if b := readFile(t, e.cli, "openshell-"+sb.ID, "/sandbox/kept.txt"); string(b) != "kept" {
+		t.Errorf("workspace file after stop/start = %q, want kept", b)
+	}
+	after := containersOf(t, e.cli, sb.ID)
+	if len(before) != 1 || len(after) != 1 || before[0].ID != after[0].ID {
+		t.Errorf("containers before %v after %v, want the same one", before, after)
+	}
+
+	deleted, err := d.Delete(t.Context(), compute.Ref{ID: sb.ID})
+	if err != nil || !deleted {
+		t.Fatalf("Delete() = %v, %v", deleted, err)
+	}
+	if c := containersOf(t, e.cli, sb.ID); len(c) != 0 {
+		t.Errorf("containers after Delete = %v, want none", c)
+	}
+	if v := volumesOf(t, e.cli, sb.ID); len(v) != 0 {
+		t.Errorf("volumes after Delete = %v, want none", v)
+	}
+}
+
+// TestExitedOnItsOwn: a supervisor that exits is reported with its exit
+// code, not as stopped.
+func TestExitedOnItsOwn(t *testing.T) {
+	e := newEnv(t)
+	d := e.open(t, nil)
+	cleanupSandboxes(t, d)
+	sb := goodSandbox(computetest.NewID(), computetest.NewName())
+	sb.Spec.Environment["FAKE_SUPERVISOR_EXIT"] = "3"
+	if err := d.Create(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got, err := d.Get(t.Context(), compute.Ref{ID: sb.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, _ := computetest.Cond(got, compute.ConditionReady); c.Reason == "ProcessExited" {
+			if !strings.Contains(c.Message, "code 3") || computetest.IsReady(got) {
+				t.Errorf("Ready condition = %+v, want False with exit code 3", c)
+			}
+			if _, ok := computetest.Cond(got, compute.ConditionSuspended); ok {
+				t.Errorf("Suspended condition on a sandbox nobody stopped")
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no ProcessExited condition: %+v", got.Status)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestRecoverAfterCrash: a second driver on the same state directory (a
+// gateway restarted after kill -9; Close never touches containers) finds
+// the same running containers by label, and refuses duplicates.
+func TestRecoverAfterCrash(t *testing.T) {
+	e := newEnv(t)
+	d1 := e.open(t, nil)
+	var ids []string
+	for range 3 {
+		sb := goodSandbox(computetest.NewID(), computetest.NewName())
+		if err := d1.Create(t.Context(), sb); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.ID)
+	}
+	for _, id := range ids {
+		waitReady(t, d1, id)
+	}
+	before := map[string]string{}
+	for _, id := range ids {
+		before[id] = containersOf(t, e.cli, id)[0].ID
+	}
+	d1.Close()
+
+	d2 := e.open(t, nil)
+	cleanupSandboxes(t, d2)
+	if d2.GatewayID() != d1.GatewayID() {
+		t.Errorf("gateway id after restart = %s, want %s", d2.GatewayID(), d1.GatewayID())
+	}
+	list, err := d2.List(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, sb := range list {
+		got = append(got, sb.ID)
+		if !computetest.IsReady(sb) {
+			t.Errorf("sandbox %s after restart: %+v, want ready", sb.ID, sb.Status)
+		}
+	}
+	slices.Sort(got)
+	slices.Sort(ids)
+	if diff := cmp.Diff(ids, got); diff != "" {
+		t.Errorf("List after restart (-want +got):\n%s", diff)
+	}
+	for _, id := range ids {
+		c := containersOf(t, e.cli, id)
+		if len(c) != 1 || c[0].ID != before[id] || c[0].State != "running" {
+			t.Errorf("containers of %s after restart = %+v, want the same running one %s", id, c, before[id])
+		}
+	}
+	dup := goodSandbox(ids[0], computetest.NewName())
+	if err := d2.Create(t.Context(), dup); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("Create(existing id) after restart = %v, want AlreadyExists", err)
+	}
+}
