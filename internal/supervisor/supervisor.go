@@ -405,6 +405,11 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	wg.Go(func() {
 		watchPolicy(ctx, log.With("component", "config"), client, cfg.SandboxID, loaded, policyPollInterval, eg.reload)
 	})
+	if eg.proxy != nil {
+		wg.Go(func() {
+			submitDenials(ctx, log.With("component", "advisor"), client, cfg.SandboxID, cfg.SandboxName, eg.proxy.Denials, advisorInterval)
+		})
+	}
 
 	// Provider credentials reach agent processes as placeholders. As in
 	// OpenShell, a failure here is not fatal: the sandbox starts without

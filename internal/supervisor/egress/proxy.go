@@ -469,7 +469,7 @@ func (p *Proxy) emit(ev *Event) {
 		p.cfg.OnEvent(*ev)
 	}
 	if ev.Decision == "deny" {
-		p.Denials.Add(ev.Binary, ev.Host, ev.Port)
+		p.Denials.AddReason(ev.Binary, ev.Host, ev.Port, ev.Reason)
 	}
 }
 
