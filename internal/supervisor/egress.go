@@ -173,6 +173,7 @@ func startEgress(ctx context.Context, log *slog.Logger, cfg Config, dialer *host
 		CA:            ca,
 		UpstreamRoots: cfg.upstreamRoots,
 		Credentials:   cfg.credentials,
+		Metrics:       cfg.egressMetrics,
 	}, empty)
 	url := "http://" + egressProxyAddr
 	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"} {

@@ -112,12 +112,20 @@ type Config struct {
 	// LogLevel of the supervisor's own log.
 	LogLevel slog.Level
 
+	// MetricsListen is the address of the Prometheus /metrics listener
+	// ("": none), in the supervisor's network namespace; a non-loopback
+	// host needs MetricsAllowRemote (flags --metrics-listen and
+	// --metrics-allow-remote).
+	MetricsListen      string
+	MetricsAllowRemote bool
+
 	// OnSessionAccepted, when set, is called after each SessionAccepted.
 	OnSessionAccepted func(sessionID string)
 
 	agentEnv      []string           // set by Serve: the egress proxy variables
 	upstreamRoots *x509.CertPool     // set by Serve before the namespace setup
 	credentials   egress.Credentials // set by Serve: the provider placeholder resolver
+	egressMetrics *egress.Metrics    // set by Serve: the proxy's decision counters
 
 	k8sSAToken string // preloaded from K8sSATokenFile
 }
@@ -247,6 +255,9 @@ func (c *Config) Validate() error {
 	if c.PrivateNetwork && !strings.HasPrefix(c.Endpoint, "unix://") {
 		return fmt.Errorf("%s needs a unix:// gateway endpoint (a private network namespace has loopback only), got %s", EnvPrivateNetwork, c.Endpoint)
 	}
+	if err := checkMetricsListen(c.MetricsListen, c.MetricsAllowRemote); err != nil {
+		return err
+	}
 	if c.Rootfs != "" && c.RootfsLayer == "" {
 		return fmt.Errorf("%s is required with %s (the image itself is never written)", EnvRootfsLayer, EnvRootfs)
 	}
@@ -278,6 +289,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	fs.Usage = func() { usage(stderr) }
 	showVersion := fs.Bool("version", false, "print the version and exit")
+	metricsListen := fs.String("metrics-listen", "", "serve Prometheus /metrics on this loopback host:port")
+	metricsAllowRemote := fs.Bool("metrics-allow-remote", false, "let --metrics-listen take a non-loopback address")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -285,11 +298,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		_, _ = fmt.Fprintf(stdout, "openshell-sandbox %s\n", version.Version)
 		return nil
 	}
+	if err := checkMetricsListen(*metricsListen, *metricsAllowRemote); err != nil {
+		return err
+	}
 	sealInheritedFDs()
 	cfg, err := ConfigFromEnv(os.Getenv)
 	if err != nil {
 		return err
 	}
+	cfg.MetricsListen, cfg.MetricsAllowRemote = *metricsListen, *metricsAllowRemote
 	cfg.ReapAll = os.Getpid() == 1
 	return Serve(ctx, cfg, stdout, stderr)
 }
@@ -393,6 +410,16 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	// agent processes see (fetched below, once the policy is loaded).
 	penv := newProviderEnv()
 	cfg.credentials = penv.creds
+	reg := newMetricsRegistry()
+	if cfg.egressMetrics, err = egress.NewMetrics(reg); err != nil {
+		return err
+	}
+	if cfg.MetricsListen != "" {
+		if err := serveMetrics(ctx, log.With("component", "metrics"), cfg.MetricsListen, reg, &wg); err != nil {
+			log.Error("cannot serve metrics", "err", err)
+			return err
+		}
+	}
 	eg := startEgress(ctx, log.With("component", "egress"), cfg, dialer, &wg)
 	defer eg.close()
 	cfg.agentEnv = eg.env
@@ -533,6 +560,9 @@ Compute drivers start it with no arguments and this environment:
   `+EnvLogLevel+`        log level (trace, debug, info, warn, error)
 
 Flags:
-  --version   print the version and exit
+  --version                 print the version and exit
+  --metrics-listen ADDR     serve Prometheus /metrics on ADDR (host:port, loopback unless
+                            --metrics-allow-remote), in the supervisor's network namespace
+  --metrics-allow-remote    let --metrics-listen take a non-loopback address
 `)
 }

@@ -53,6 +53,8 @@ type Config struct {
 	// UpstreamRoots verifies upstream certificates of terminated tunnels
 	// (nil: the system roots).
 	UpstreamRoots *x509.CertPool
+	// Metrics counts every decision; nil counts nothing.
+	Metrics *Metrics
 	// Credentials resolves credential placeholders in every HTTP request
 	// (plain and inside terminated tunnels) after its admission; nil
 	// forwards requests as they are.
@@ -462,11 +464,14 @@ func headerSafe(s string) string {
 	}, s)
 }
 
-// emit stamps ev, reports it and counts a denial.
+// emit stamps ev, reports it, counts it and adds a denial to Denials.
 func (p *Proxy) emit(ev *Event) {
 	ev.Time = time.Now()
 	if p.cfg.OnEvent != nil {
 		p.cfg.OnEvent(*ev)
+	}
+	if p.cfg.Metrics != nil {
+		p.cfg.Metrics.count(ev)
 	}
 	if ev.Decision == "deny" {
 		p.Denials.AddReason(ev.Binary, ev.Host, ev.Port, ev.Reason)
