@@ -3,6 +3,18 @@ package gatewaytest
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +22,7 @@ import (
 	"time"
 
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 )
 
@@ -82,4 +95,197 @@ func TestProviderPlaceholderInSandbox(t *testing.T) {
 	if fi.Mode().Perm() != 0o600 {
 		t.Errorf("credentials.kek mode = %04o, want 0600", fi.Mode().Perm())
 	}
+}
+
+// tlsUpstream starts an HTTPS server on addr (host:port) whose leaf,
+// issued by a fresh CA, names hosts; it sends the Authorization header of
+// every request on seen. It returns the CA's PEM file, in a directory the
+// supervisor can read.
+func tlsUpstream(t *testing.T, addr string, hosts []string, seen chan<- string) string {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "e2e upstream CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leafDER, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: hosts[0]},
+		DNSNames: hosts, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}, ca, &leafKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("listen %s: %v", addr, err)
+		}
+		t.Skipf("listen %s: %v", addr, err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Host + " " + r.Header.Get("Authorization")
+		fmt.Fprint(w, "upstream ok")
+	}))
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{leafDER}, PrivateKey: leafKey}}}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	dir, err := os.MkdirTemp("", "provider-e2e-ca-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
+// TestProviderCredentialResolution: a real gateway, supervisor and
+// sandbox; a github provider's token is only a placeholder inside the
+// sandbox, and curl sending it in Authorization to api.github.com (mapped
+// to a loopback HTTPS upstream on port 443 through the test-only resolver
+// and CA overrides; the TLS tunnel is terminated by the egress proxy)
+// reaches the upstream with the real value. The same placeholder to
+// another allowed host is 403 credential_endpoint_mismatch, logged without
+// placeholder, key or value; an update of the provider reaches the running
+// sandbox; an expired credential and a detached provider are refused (500,
+// never forwarded).
+func TestProviderCredentialResolution(t *testing.T) {
+	curl := requireCurl(t)
+	gh := make(chan string, 64)
+	// Port 443 as the github profile names it, on a loopback address of
+	// its own.
+	caFile := tlsUpstream(t, "127.0.0.77:443", []string{"api.github.com"}, gh)
+	_, otherSeen, otherPort, otherPortN := recordingUpstream(t, false)
+	g := Start(t, Options{Env: []string{"OPENSHELL_EGRESS_TEST_HOSTS=api.github.com=127.0.0.77,other.test=127.0.0.1", "OPENSHELL_EGRESS_TEST_CA_FILE=" + caFile}})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
+	defer cancel()
+	const secret, rotated = "ghp_e2e-first-4711", "ghp_e2e-rotated-0815"
+	if _, err := c.CreateProvider(ctx, &openshellv1.CreateProviderRequest{Provider: &datamodelv1.Provider{
+		Metadata: &datamodelv1.ObjectMeta{Name: "gh"}, Type: "github", Credentials: map[string]string{"GITHUB_TOKEN": secret},
+	}}); err != nil {
+		t.Fatalf("CreateProvider: %v", err)
+	}
+	pol := egressPolicy(map[string]*sandboxv1.NetworkPolicyRule{
+		"github": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.github.com", Port: 443, AllowedIps: []string{"127.0.0.77"},
+			Protocol: "rest", Tls: "terminate", Enforcement: "enforce", Access: "full"}},
+			Binaries: []*sandboxv1.NetworkBinary{{Path: curl}}},
+		"other": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "other.test", Port: otherPortN, AllowedIps: []string{"127.0.0.1"}}},
+			Binaries: []*sandboxv1.NetworkBinary{{Path: curl}}},
+	})
+	id := createEgressSandbox(ctx, t, c, "cred", &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}, Policy: pol, Providers: []string{"gh"}})
+	waitEgressLoaded(ctx, t, c, "cred", "")
+	sh := func(script string) string {
+		t.Helper()
+		out, errOut, _, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"sh", "-c", script}})
+		if err != nil {
+			t.Fatalf("exec %q: %v (stderr %q)", script, err, errOut)
+		}
+		return strings.TrimSpace(out)
+	}
+	env := sh("env")
+	if !strings.Contains(env, "GITHUB_TOKEN=openshell:resolve:env:GITHUB_TOKEN\n") || strings.Contains(env, secret) {
+		t.Fatalf("sandbox env lacks the placeholder or shows the value:\n%s", env)
+	}
+	// github sends the placeholder as a process holds it: after an
+	// expiry or a detach new processes no longer get the variable, while a
+	// running one still has its placeholder.
+	github := func() string {
+		return sh(curl + ` -s -w ' %{http_code}' -H "Authorization: Bearer openshell:resolve:env:GITHUB_TOKEN" https://api.github.com/user`)
+	}
+	drain := func() {
+		for {
+			select {
+			case <-gh:
+			default:
+				return
+			}
+		}
+	}
+	// poll runs github until check accepts its output and what the
+	// upstream saw ("" when nothing reached it).
+	poll := func(what string, check func(out, saw string) bool) {
+		t.Helper()
+		var out, saw string
+		for deadline := time.Now().Add(75 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
+			drain()
+			out, saw = github(), ""
+			select {
+			case saw = <-gh:
+			default:
+			}
+			if check(out, saw) {
+				return
+			}
+		}
+		t.Fatalf("%s: last curl %q, upstream saw %q", what, out, saw)
+	}
+
+	if out := sh(curl + ` -s -w ' %{http_code}' -H "Authorization: Bearer $GITHUB_TOKEN" https://api.github.com/user`); out != "upstream ok 200" {
+		t.Fatalf("curl with the placeholder = %q, want the upstream's 200", out)
+	}
+	if saw := <-gh; saw != "api.github.com Bearer "+secret {
+		t.Errorf("upstream saw %q, want the real token", saw)
+	}
+
+	out := sh(curl + ` -s -w ' %{http_code}' -H "Authorization: Bearer $GITHUB_TOKEN" http://other.test:` + otherPort + `/x`)
+	if !strings.HasSuffix(out, " 403") || !strings.Contains(out, `"error":"credential_endpoint_mismatch"`) {
+		t.Errorf("placeholder to another host = %q, want 403 credential_endpoint_mismatch", out)
+	}
+	select {
+	case got := <-otherSeen:
+		t.Errorf("the other host received %q", got)
+	default:
+	}
+	waitEgressEvents(ctx, t, c, id, map[string]func(map[string]string) bool{
+		"credential mismatch": func(f map[string]string) bool {
+			return f["decision"] == "deny" && f["host"] == "other.test" && strings.Contains(f["reason"], "credential_endpoint_mismatch")
+		},
+	})
+	logs, err := c.GetSandboxLogs(ctx, &openshellv1.GetSandboxLogsRequest{SandboxId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range logs.GetLogs() {
+		if s := fmt.Sprint(l.GetMessage(), l.GetFields()); strings.Contains(s, secret) || strings.Contains(s, "openshell:resolve:env") {
+			t.Errorf("a sandbox log line carries the value or a placeholder: %s", s)
+		}
+	}
+
+	if _, err := c.UpdateProvider(ctx, &openshellv1.UpdateProviderRequest{Provider: &datamodelv1.Provider{
+		Metadata: &datamodelv1.ObjectMeta{Name: "gh"}, Credentials: map[string]string{"GITHUB_TOKEN": rotated}}}); err != nil {
+		t.Fatalf("UpdateProvider: %v", err)
+	}
+	poll("after the update", func(out, saw string) bool { return out == "upstream ok 200" && saw == "api.github.com Bearer "+rotated })
+
+	if _, err := c.UpdateProvider(ctx, &openshellv1.UpdateProviderRequest{Provider: &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "gh"}},
+		CredentialExpiresAtMs: map[string]int64{"GITHUB_TOKEN": time.Now().Add(3 * time.Second).UnixMilli()}}); err != nil {
+		t.Fatalf("UpdateProvider (expiry): %v", err)
+	}
+	refused := func(out, saw string) bool {
+		return strings.HasSuffix(out, " 500") && strings.Contains(out, "credential_injection_failed") && saw == ""
+	}
+	poll("after expiry", refused)
+
+	if _, err := c.UpdateProvider(ctx, &openshellv1.UpdateProviderRequest{Provider: &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "gh"}},
+		CredentialExpiresAtMs: map[string]int64{"GITHUB_TOKEN": 0}}); err != nil {
+		t.Fatalf("UpdateProvider (expiry removed): %v", err)
+	}
+	poll("after the expiry was removed", func(out, saw string) bool { return out == "upstream ok 200" && saw == "api.github.com Bearer "+rotated })
+
+	if _, err := c.DetachSandboxProvider(ctx, &openshellv1.DetachSandboxProviderRequest{SandboxName: "cred", ProviderName: "gh"}); err != nil {
+		t.Fatalf("DetachSandboxProvider: %v", err)
+	}
+	poll("after the detach", refused)
 }
