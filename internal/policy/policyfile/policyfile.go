@@ -672,3 +672,39 @@ func insertNested(m map[string]any, parts []string, v matcher) bool {
 	}
 	return insertNested(cm, parts[1:], v)
 }
+
+// ParseRule reads one network_policies entry (name, endpoints, binaries),
+// as 'openshell rule edit' takes it; key names the rule when it has no
+// name of its own.
+func ParseRule(data []byte, key string) (*sandboxv1.NetworkPolicyRule, error) {
+	var r ruleDoc
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&r); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("the rule file is empty")
+		}
+		return nil, friendly(err)
+	}
+	v := uint32(1)
+	p, err := (&fileDoc{Version: &v, NetworkPolicies: map[string]*ruleDoc{key: &r}}).toProto()
+	if err != nil {
+		return nil, err
+	}
+	return p.GetNetworkPolicies()[key], nil
+}
+
+// MarshalRule writes one network rule in the form ParseRule reads.
+func MarshalRule(r *sandboxv1.NetworkPolicyRule) ([]byte, error) {
+	d := fromProto(&sandboxv1.SandboxPolicy{NetworkPolicies: map[string]*sandboxv1.NetworkPolicyRule{"r": r}})
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(d.NetworkPolicies["r"]); err != nil {
+		return nil, fmt.Errorf("encode rule: %w", err)
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("encode rule: %w", err)
+	}
+	return buf.Bytes(), nil
+}

@@ -267,3 +267,29 @@ network_policies:
 		t.Errorf("MCP tool rule after a round trip = %v, want params.name s and no method", r)
 	}
 }
+
+// TestParseRule: one network_policies entry, as 'rule edit' reads it.
+func TestParseRule(t *testing.T) {
+	in := "endpoints:\n  - {host: pypi.org, port: 443}\nbinaries:\n  - path: /usr/bin/pip\n"
+	r, err := ParseRule([]byte(in), "allow_pypi_org_443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &sandboxv1.NetworkPolicyRule{Name: "allow_pypi_org_443",
+		Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "pypi.org", Port: 443, Ports: []uint32{443}}},
+		Binaries:  []*sandboxv1.NetworkBinary{{Path: "/usr/bin/pip"}}}
+	if diff := cmp.Diff(want, r, protocmp.Transform()); diff != "" {
+		t.Errorf("ParseRule mismatch (-want +got):\n%s", diff)
+	}
+	out, err := MarshalRule(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := ParseRule(out, "other")
+	if err != nil || !cmp.Equal(r, back, protocmp.Transform()) {
+		t.Errorf("ParseRule(MarshalRule) = %v, %v\n%s", back, err, out)
+	}
+	if _, err := ParseRule([]byte("endpoint:\n  - host: x\n"), "k"); err == nil || err.Error() != `line 1: unknown field "endpoint" in a network_policies entry` {
+		t.Errorf("ParseRule(unknown field) = %v", err)
+	}
+}
