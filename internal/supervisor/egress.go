@@ -101,6 +101,7 @@ type egressRunner struct {
 	why   error    // set when proxy is nil
 	env   []string // proxy variables for agent processes
 	dial  *hostdial.Client
+	log   *slog.Logger
 }
 
 // takeEgressDialer takes over the host dialer descriptor before anything
@@ -129,7 +130,7 @@ func takeEgressDialer(cfg *Config) (*hostdial.Client, error) {
 // of its own (the proxy is then the only way out) and a host dialer. It
 // denies everything until load installs a policy.
 func startEgress(ctx context.Context, log *slog.Logger, cfg Config, dialer *hostdial.Client, wg *sync.WaitGroup) *egressRunner {
-	e := &egressRunner{dial: dialer}
+	e := &egressRunner{dial: dialer, log: log}
 	switch {
 	case !cfg.PrivateNetwork:
 		e.why = errors.New("no egress proxy runs: the sandbox has no network namespace of its own, so a proxy could be bypassed")
@@ -226,7 +227,18 @@ func (e *egressRunner) load(p *sandboxv1.SandboxPolicy) error {
 	}
 	snap, err := egress.Compile(p.GetNetworkPolicies())
 	e.proxy.SetSnapshot(snap) // leaves out what is not enforced: fail closed
+	e.logNotes(snap)
 	return err
+}
+
+// logNotes logs what the network rules enforce less than a reader may
+// expect (REST rules of tls skip endpoints do not apply to tunnels).
+func (e *egressRunner) logNotes(snap *egress.Snapshot) {
+	for _, n := range snap.Notes() {
+		if e.log != nil {
+			e.log.Warn("network policy applies partly by design", "note", n)
+		}
+	}
 }
 
 // reload installs the network rules of a new policy version for new
@@ -241,6 +253,7 @@ func (e *egressRunner) reload(p *sandboxv1.SandboxPolicy) error {
 		return fmt.Errorf("%w; the previous network rules stay in force", err)
 	}
 	e.proxy.SetSnapshot(snap)
+	e.logNotes(snap)
 	return nil
 }
 

@@ -27,8 +27,9 @@ import (
 // proxy does not run without a network namespace and host dialer of the
 // sandbox's own; protocol rest endpoints are enforced for plain http://
 // requests and inside CONNECT tunnels (TLS terminated with the sandbox
-// CA); other L7 protocols are not implemented and their endpoints are
-// denied. network_middlewares are run by nothing. See docs/security.md.
+// CA; with tls skip the tunnels are relayed uninspected, as in OpenShell,
+// and the policy still counts as enforced); other L7 protocols are not
+// implemented and their endpoints are denied. network_middlewares are run by nothing. See docs/security.md.
 func enforcement(p *sandboxv1.SandboxPolicy, confErr, netErr error) error {
 	var errs []error
 	if confErr != nil {

@@ -24,8 +24,9 @@
 //  4. for endpoints with protocol rest, inspects each plain HTTP request's
 //     method, canonical path and query against the endpoints' allow and
 //     deny rules (l7.go; deny wins, enforce answers 403, audit forwards);
-//     inside a CONNECT tunnel to such an endpoint TLS is detected from the
-//     first byte, as in OpenShell (tls: terminate and passthrough change
+//     inside a CONNECT tunnel to such an endpoint (unless tls skip, whose
+//     tunnels are relayed uninspected) TLS is detected from the first
+//     byte, as in OpenShell (tls: terminate and passthrough change
 //     nothing), and terminated (tls.go: a leaf of the sandbox CA, HTTP/1.1
 //     only; upstream TLS verified against Config.UpstreamRoots), and each
 //     inner request is inspected as above;

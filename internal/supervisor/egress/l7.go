@@ -20,6 +20,10 @@ type l7Endpoint struct {
 	allowEncodedSlash bool
 	// bodyRewrite: request_body_credential_rewrite (see Credentials).
 	bodyRewrite bool
+	// tlsSkip (tls: skip): CONNECT tunnels to the endpoint are relayed
+	// as they are, never peeked at or terminated, so the rules apply to
+	// plain http:// requests only (OpenShell's semantics).
+	tlsSkip bool
 }
 
 // restRule is one REST allow or deny rule: method ("*" any), path glob

@@ -154,7 +154,7 @@ func TestCompileL7Refusals(t *testing.T) {
 		{"graphql matcher", func(ep *sandboxv1.NetworkEndpoint) {
 			ep.Rules = []*sandboxv1.L7Rule{{Allow: &sandboxv1.L7Allow{Method: "POST", OperationType: "query"}}}
 		}, "rules[0] with non-REST matchers"},
-		{"tls other", func(ep *sandboxv1.NetworkEndpoint) { ep.Access, ep.Tls = "full", "inspect" }, `tls "inspect" (want terminate or passthrough)`},
+		{"tls other", func(ep *sandboxv1.NetworkEndpoint) { ep.Access, ep.Tls = "full", "inspect" }, `tls "inspect" (want skip, terminate or passthrough)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := Compile(map[string]*sandboxv1.NetworkPolicyRule{"api": {Endpoints: []*sandboxv1.NetworkEndpoint{restEP(tc.ep)}, Binaries: []*sandboxv1.NetworkBinary{{Path: "/**"}}}})

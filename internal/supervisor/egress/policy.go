@@ -14,8 +14,15 @@ import (
 // network_policies. Every connection is decided against exactly one
 // Snapshot; a new policy generation is a new Snapshot.
 type Snapshot struct {
-	rules []rule // sorted by name, so the first match is the smallest name
+	rules []rule   // sorted by name, so the first match is the smallest name
+	notes []string // what applies differently from what a reader may expect
 }
+
+// Notes lists what the snapshot enforces as written but less than a
+// reader may expect: REST endpoints with tls skip, whose rules do not
+// apply inside CONNECT tunnels. The supervisor logs them; they are not
+// load errors (OpenShell's semantics).
+func (s *Snapshot) Notes() []string { return s.notes }
 
 type rule struct {
 	name      string
@@ -55,7 +62,7 @@ type Decision struct {
 	// l7 are the REST endpoints (protocol rest) matching host and port in
 	// every rule that allows the caller: when any, each HTTP request is
 	// inspected against them, inside a CONNECT tunnel too (TLS detected and
-	// terminated).
+	// terminated) unless every one of them says tls skip.
 	l7 []*l7Endpoint
 }
 
@@ -90,6 +97,9 @@ func Compile(rules map[string]*sandboxv1.NetworkPolicyRule) (*Snapshot, error) {
 				if len(ps) > 0 {
 					problems = append(problems, fmt.Sprintf("rule %q endpoint %q: %s", name, ep.GetHost(), strings.Join(ps, ", ")))
 					continue
+				}
+				if l.tlsSkip = ep.GetTls() == "skip"; l.tlsSkip {
+					s.notes = append(s.notes, fmt.Sprintf("rule %q endpoint %q: tls skip: its REST rules apply to plain http:// requests only, CONNECT tunnels to it (HTTPS) are relayed uninspected", name, ep.GetHost()))
 				}
 				ce.l7 = l
 			}
@@ -128,11 +138,11 @@ func unsupported(ep *sandboxv1.NetworkEndpoint) []string {
 		out = append(out, fmt.Sprintf("protocol %q", p))
 	}
 	switch t := ep.GetTls(); {
-	case t == "" || t == "passthrough":
+	case t == "" || t == "passthrough" || t == "skip":
 	case t == "terminate" && !rest:
 		out = append(out, `tls "terminate" without protocol rest (only REST requests are inspected)`)
 	case t != "terminate":
-		out = append(out, fmt.Sprintf("tls %q (want terminate or passthrough)", t))
+		out = append(out, fmt.Sprintf("tls %q (want skip, terminate or passthrough)", t))
 	}
 	for _, f := range []struct {
 		set  bool

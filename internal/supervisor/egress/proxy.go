@@ -214,7 +214,10 @@ func (p *Proxy) handle(c net.Conn) {
 	ev.Host, ev.Port = host, port
 	decisions, status := p.decide(callers, idErr, host, port, &ev)
 	var upstream net.Conn
-	inspect := decisions != nil && inspected(decisions)
+	inspect := decisions != nil && inspectTunnel(decisions)
+	if decisions != nil && skipped(decisions) {
+		ev.Reason = "tls skip: the tunnel is relayed uninspected, REST rules do not apply"
+	}
 	if decisions != nil {
 		upstream, status = p.dial(decisions, host, port, &ev)
 	}

@@ -118,8 +118,8 @@ func (ca *CA) leaf(host string) (*tls.Certificate, error) {
 	return c, nil
 }
 
-// inspected reports whether a CONNECT with these decisions carries REST
-// endpoints, whose requests are then inspected inside the tunnel.
+// inspected reports whether decisions carry REST endpoints, whose rules
+// then apply to each HTTP request.
 func inspected(decisions []Decision) bool {
 	for _, d := range decisions {
 		if len(d.l7) > 0 {
@@ -127,6 +127,27 @@ func inspected(decisions []Decision) bool {
 		}
 	}
 	return false
+}
+
+// inspectTunnel reports whether a CONNECT tunnel with these decisions is
+// inspected: it carries a REST endpoint without tls skip. When every REST
+// endpoint says tls skip the tunnel is relayed as it is (OpenShell: skip
+// disables TLS detection, so nothing inside is parsed).
+func inspectTunnel(decisions []Decision) bool {
+	for _, d := range decisions {
+		for _, l := range d.l7 {
+			if !l.tlsSkip {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// skipped reports whether decisions carry REST endpoints whose rules a
+// tls skip tunnel leaves unapplied.
+func skipped(decisions []Decision) bool {
+	return inspected(decisions) && !inspectTunnel(decisions)
 }
 
 // serveInspected serves an allowed CONNECT tunnel to host:port whose

@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"bufio"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -8,10 +9,12 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 )
@@ -235,4 +238,91 @@ func TestCALeafCache(t *testing.T) {
 	if strings.Contains(string(ca.CertPEM()), "PRIVATE") {
 		t.Fatal("CertPEM carries a key")
 	}
+}
+
+// tls: skip (OpenShell's semantics): the policy compiles without error
+// (a note says what it means), CONNECT tunnels to the endpoint are relayed
+// as they are, the client's TLS reaching the upstream itself and requests
+// the REST rules would refuse passing, plain HTTP inside such a tunnel
+// too; plain http:// requests to it are still decided by the REST rules.
+func TestProxyTLSSkip(t *testing.T) {
+	u := newTLSUpstream(t)
+	plain := upstream(t)
+	ca, err := NewCA("test sandbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := func(port uint32) *sandboxv1.NetworkEndpoint {
+		return &sandboxv1.NetworkEndpoint{Host: "example.com", Port: port, AllowedIps: []string{"127.0.0.1"},
+			Protocol: "rest", Tls: "skip", Enforcement: "enforce", Access: "read-only"}
+	}
+	rules := map[string]*sandboxv1.NetworkPolicyRule{"api": {Name: "api", Endpoints: []*sandboxv1.NetworkEndpoint{ep(u.port), ep(plain)},
+		Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/curl"}}}}
+	snap, err := Compile(rules)
+	if err != nil {
+		t.Fatalf("Compile: %v, want tls skip accepted", err)
+	}
+	if n := snap.Notes(); len(n) != 2 || !strings.Contains(n[0], "REST rules apply to plain http:// requests only") {
+		t.Errorf("Notes() = %q, want one per tls skip REST endpoint", n)
+	}
+	tp := startProxy(t, Config{Resolver: loopbackResolver("example.com"), Identify: fixedCaller("/usr/bin/curl"), CA: ca, UpstreamRoots: upstreamPool(u)}, rules)
+
+	// HTTPS: the client sees the upstream's own certificate and its POST
+	// (refused by read-only if inspected) reaches the upstream.
+	c := httpsClient(tp, upstreamPool(u))
+	defer c.CloseIdleConnections()
+	resp, err := c.Post(fmt.Sprintf("https://example.com:%d/x", u.port), "text/plain", strings.NewReader("data"))
+	if err != nil {
+		t.Fatalf("POST through a tls skip tunnel: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "secure POST /x" || resp.TLS.PeerCertificates[0].Issuer.CommonName == "test sandbox" {
+		t.Errorf("POST through a tls skip tunnel = %d %q (issuer %q), want the upstream's answer under its own certificate",
+			resp.StatusCode, body, resp.TLS.PeerCertificates[0].Issuer.CommonName)
+	}
+	if ev := tp.events.last(t); ev.Kind != "connect" || ev.Decision != "allow" || !strings.Contains(ev.Reason, "tls skip") {
+		t.Errorf("event = %+v, want an allowed connect saying the tunnel is not inspected", ev)
+	}
+
+	// Plain HTTP inside a tls skip tunnel is not parsed either.
+	if code, body := connectPost(t, tp.url, fmt.Sprintf("example.com:%d", plain)); code != 200 || !strings.Contains(body, "hello") {
+		t.Errorf("POST inside a plain tls skip tunnel = %d %q, want the upstream's answer", code, body)
+	}
+
+	// Plain http:// requests are still inspected.
+	rc := dialProxy(t, tp)
+	if r, _ := rc.do(t, "POST", fmt.Sprintf("http://example.com:%d/x", plain), "data"); r.StatusCode != http.StatusForbidden {
+		t.Errorf("plain http:// POST = %d, want 403 from the REST rules", r.StatusCode)
+	}
+}
+
+// connectPost opens a CONNECT tunnel and sends one plain POST through it;
+// it returns the POST's status and body.
+func connectPost(t *testing.T, proxy *url.URL, authority string) (int, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", proxy.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", authority, authority)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return resp.StatusCode, ""
+	}
+	fmt.Fprintf(c, "POST /x HTTP/1.1\r\nHost: %s\r\nContent-Length: 4\r\nConnection: close\r\n\r\ndata", authority)
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
