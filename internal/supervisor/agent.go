@@ -68,7 +68,7 @@ func (a *agentLauncher) build(policy *sandboxv1.SandboxPolicy) (*isolation.Confi
 		mode = isolation.HardRequirement
 	}
 	if abi > 0 {
-		a.log.Info("landlock available", "abi", abi, "compatibility", mode)
+		a.log.Info("landlock available", "abi", abi, "compatibility", mode, "scopes", strings.Join(isolation.LandlockScopes(abi), ","))
 	} else {
 		a.log.Warn("landlock is not available on this kernel: filesystem rules are not enforced", "compatibility", mode)
 	}
@@ -123,7 +123,7 @@ func (a *agentLauncher) command(argv, env []string, dir string) (*exec.Cmd, *iso
 // the trampoline has started the agent or failed. A trampoline that failed
 // is reaped by the table like any child.
 func (t *procTable) startAgent(cmd *exec.Cmd, l *isolation.Launch) (*proc, error) {
-	p, err := t.start(cmd)
+	p, err := t.start(cmd, l.Start)
 	if err := l.Started(err); err != nil {
 		return nil, err
 	}

@@ -113,9 +113,10 @@ func (t *procTable) deliverLocked(pid int, ws syscall.WaitStatus) {
 	close(p.done)
 }
 
-// start starts cmd. Its stdio must be *os.File or nil so os/exec runs no
+// start starts cmd with start (cmd.Start, or isolation.Launch.Start for
+// an agent process). Its stdio must be *os.File or nil so os/exec runs no
 // copying goroutines that only cmd.Wait would join.
-func (t *procTable) start(cmd *exec.Cmd) (*proc, error) {
+func (t *procTable) start(cmd *exec.Cmd, start func(*exec.Cmd) error) (*proc, error) {
 	for _, f := range []any{cmd.Stdin, cmd.Stdout, cmd.Stderr} {
 		switch f.(type) {
 		case nil, *os.File:
@@ -125,7 +126,7 @@ func (t *procTable) start(cmd *exec.Cmd) (*proc, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if err := cmd.Start(); err != nil {
+	if err := start(cmd); err != nil {
 		return nil, err
 	}
 	p := &proc{pid: cmd.Process.Pid, cmd: cmd, done: make(chan struct{})}

@@ -27,7 +27,7 @@ func BenchmarkConfinedSpawn(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := l.Started(cmd.Start()); err != nil {
+		if err := l.Started(l.Start(cmd)); err != nil {
 			b.Fatal(err)
 		}
 		if err := cmd.Wait(); err != nil {

@@ -2,6 +2,7 @@ package isolation_test
 
 import (
 	"bytes"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -96,7 +97,7 @@ func run(t *testing.T, c *isolation.Confinement, dir string, argv ...string) (re
 	}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := l.Started(cmd.Start()); err != nil {
+	if err := l.Started(l.Start(cmd)); err != nil {
 		if cmd.Process != nil {
 			cmd.Wait() //nolint:errcheck // the trampoline's exit after a failed confinement
 		}
@@ -361,6 +362,21 @@ func TestFailsClosed(t *testing.T) {
 		})
 	}
 
+	t.Run("started outside the agents' domain", func(t *testing.T) {
+		// cmd.Start instead of Launch.Start: the trampoline would run
+		// outside the Landlock domain, so it gets no spec.
+		cmd, l2, err := confinement(t, l.policy(), l.ws).Command([]string{"/bin/sh", "-c", "touch " + marker}, nil, l.ws)
+		must(t, err)
+		err = l2.Started(cmd.Start())
+		cmd.Wait() //nolint:errcheck // the trampoline's exit without a spec
+		if err == nil || !strings.Contains(err.Error(), "Launch.Start") {
+			t.Fatalf("Started(cmd.Start()) = %v, want refused", err)
+		}
+		if _, serr := os.Stat(marker); serr == nil {
+			t.Fatal("the agent ran outside the agents' Landlock domain")
+		}
+	})
+
 	t.Run("best effort skips a missing path", func(t *testing.T) {
 		p := l.policy()
 		p.Landlock.Compatibility = isolation.BestEffort
@@ -378,4 +394,103 @@ func TestFailsClosed(t *testing.T) {
 			t.Fatal("agent did not run under best effort")
 		}
 	})
+}
+
+// TestLandlockScopes: on a kernel with Landlock ABI 6 or later the agent
+// may signal, and connect to abstract unix sockets of, only processes in
+// its own Landlock domain. A process of the agent's own uid outside the
+// domain (what the supervisor's other children and other sessions are)
+// and an abstract socket the supervisor listens on are out of reach; the
+// controls, unconfined as uid 1000, reach both. Inside its own domain
+// both still work.
+func TestLandlockScopes(t *testing.T) {
+	needRoot(t)
+	abi := isolation.LandlockABI()
+	if abi < 6 {
+		skipOrFail(t, "kernel Landlock ABI %d: scopes need 6", abi)
+	}
+	if got := strings.Join(isolation.LandlockScopes(abi), ","); got != "abstract_unix_socket,signal" {
+		t.Errorf("LandlockScopes(%d) = %q, want abstract_unix_socket,signal", abi, got)
+	}
+	l := newLayout(t)
+	c := confinement(t, l.policy(), l.ws)
+	denied := func(t *testing.T, argv ...string) {
+		t.Helper()
+		got, err := run(t, c, l.ws, append([]string{l.escape}, argv...)...)
+		if err != nil {
+			t.Fatalf("confined start: %v", err)
+		}
+		if !got.status.Exited() || got.status.ExitStatus() != 1 || !strings.HasPrefix(got.out, "denied: ") {
+			t.Errorf("confined %v = %v %q, want denied", argv, got.status, got.out)
+		}
+	}
+	escapes := func(t *testing.T, argv ...string) {
+		t.Helper()
+		if ctl := runPlain(t, append([]string{l.escape}, argv...)...); !strings.HasPrefix(ctl.out, "ESCAPED") {
+			t.Errorf("control (uid 1000, unconfined) %v = %q, want ESCAPED: the attempt proves nothing", argv, ctl.out)
+		}
+	}
+
+	t.Run("signal a process of its uid outside its domain", func(t *testing.T) {
+		victim := uidSleeper(t)
+		denied(t, "kill", strconv.Itoa(victim))
+		if err := syscall.Kill(victim, 0); err != nil {
+			t.Errorf("victim gone after the confined kill: %v", err)
+		}
+		escapes(t, "kill", strconv.Itoa(victim))
+	})
+	t.Run("signal another agent process", func(t *testing.T) {
+		// Every agent start of one confinement (main process, exec, SSH
+		// session) shares its domain: an exec may stop what the main
+		// process started.
+		cmd, lc, err := c.Command([]string{"sleep", "60"}, []string{"PATH=/usr/bin:/bin"}, l.ws)
+		must(t, err)
+		must(t, lc.Started(lc.Start(cmd)))
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() }) //nolint:errcheck
+		got, err := run(t, c, l.ws, l.escape, "kill", strconv.Itoa(cmd.Process.Pid))
+		if err != nil || !strings.HasPrefix(got.out, "ESCAPED") {
+			t.Errorf("kill of another agent process = %q %v, want it to work (one domain)", got.out, err)
+		}
+		// Another sandbox's confinement is another domain.
+		other := confinement(t, l.policy(), l.ws)
+		cmd2, lc2, err := other.Command([]string{"sleep", "60"}, []string{"PATH=/usr/bin:/bin"}, l.ws)
+		must(t, err)
+		must(t, lc2.Started(lc2.Start(cmd2)))
+		t.Cleanup(func() { cmd2.Process.Kill(); cmd2.Wait() }) //nolint:errcheck
+		denied(t, "kill", strconv.Itoa(cmd2.Process.Pid))
+	})
+	t.Run("connect to an abstract socket outside its domain", func(t *testing.T) {
+		name := "openshell-scope-test-" + strconv.Itoa(os.Getpid())
+		ln, err := net.Listen("unix", "@"+name)
+		must(t, err)
+		defer ln.Close()
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				c.Close()
+			}
+		}()
+		denied(t, "abstract-connect", name)
+		escapes(t, "abstract-connect", name)
+	})
+	t.Run("inside its own domain", func(t *testing.T) {
+		got, err := run(t, c, l.ws, "/bin/sh", "-c", l.escape+` abstract-self && { sleep 60 & kill $!; wait $!; echo "child status $?"; }`)
+		if err != nil || !strings.HasPrefix(got.out, "works abstract-self\n") || !strings.HasSuffix(got.out, "child status 143\n") {
+			t.Errorf("own domain = %q %v %v, want the abstract socket and the kill of its own child to work", got.out, got.status, err)
+		}
+	})
+}
+
+// uidSleeper starts an unconfined process of the agent's uid, as another
+// process of that uid outside the agent's Landlock domain.
+func uidSleeper(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: isolation.DefaultUID, Gid: isolation.DefaultGID}}
+	must(t, cmd.Start())
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() }) //nolint:errcheck
+	return cmd.Process.Pid
 }

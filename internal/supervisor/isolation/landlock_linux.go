@@ -31,3 +31,7 @@ func (c *Confinement) CheckLandlock() (abi int, skipped []PathProblem, err error
 func (c *Confinement) landlockSpec() LandlockSpec {
 	return LandlockSpec{ReadOnly: c.ReadOnly, ReadWrite: c.ReadWrite, Hard: c.HardLandlock}
 }
+
+// LandlockScopes names the IPC scopes agent processes get on a kernel of
+// Landlock ABI abi: "abstract_unix_socket" and "signal" from ABI 6.
+func LandlockScopes(abi int) []string { return trampoline.ScopeNames(abi) }

@@ -30,6 +30,8 @@ const selfExe = "/proc/self/exe"
 
 // Launch is one agent process being started through the trampoline.
 type Launch struct {
+	conf            *Confinement
+	started         bool
 	spec            []byte
 	specR, specW    *os.File
 	statusR, status *os.File
@@ -38,7 +40,9 @@ type Launch struct {
 // Command returns a command that runs argv confined by c, with env
 // (HOME, USER and LOGNAME are set for the agent's user) in dir. The caller
 // sets its stdio and SysProcAttr (process group, session, controlling
-// terminal), must not set ExtraFiles, starts it and then calls
+// terminal), must not set ExtraFiles, starts it with Launch.Start (not
+// cmd.Start: the trampoline must be forked inside the agents' Landlock
+// domain, and Started refuses a launch that was not) and then calls
 // Launch.Started exactly once, whether the start succeeded or not.
 func (c *Confinement) Command(argv, env []string, dir string) (*exec.Cmd, *Launch, error) {
 	if len(argv) == 0 {
@@ -61,12 +65,13 @@ func (c *Confinement) Command(argv, env []string, dir string) (*exec.Cmd, *Launc
 	spec, err := json.Marshal(Spec{
 		Argv: argv, Env: env, Dir: dir,
 		UID: c.User.UID, GID: c.User.GID,
-		Landlock: c.landlockSpec(),
+		// The domain thread's ruleset (Confinement.Start).
+		Landlock: LandlockSpec{Inherited: true},
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	l := &Launch{spec: spec}
+	l := &Launch{conf: c, spec: spec}
 	if l.specR, l.specW, err = os.Pipe(); err != nil {
 		return nil, nil, err
 	}
@@ -84,14 +89,25 @@ func (c *Confinement) Command(argv, env []string, dir string) (*exec.Cmd, *Launc
 	return cmd, l, nil
 }
 
-// Started finishes a launch after cmd.Start returned startErr: it hands
+// Start starts cmd (from Command) inside the agents' Landlock domain
+// (Confinement.Start).
+func (l *Launch) Start(cmd *exec.Cmd) error {
+	l.started = true
+	return l.conf.Start(cmd)
+}
+
+// Started finishes a launch after Launch.Start returned startErr: it hands
 // the spec to the trampoline and waits until the trampoline has either
 // execve'd the agent (nil) or failed (its error; the trampoline then
-// exits 127 and must still be reaped by the caller).
+// exits 127 and must still be reaped by the caller). A trampoline started
+// some other way gets no spec and exits without running the agent.
 func (l *Launch) Started(startErr error) error {
 	l.specR.Close()
 	l.status.Close()
 	defer l.statusR.Close()
+	if startErr == nil && !l.started {
+		startErr = errors.New("agent trampoline not started through Launch.Start (outside the agents' Landlock domain)")
+	}
 	if startErr != nil {
 		l.specW.Close()
 		return startErr

@@ -59,6 +59,10 @@ type Confinement struct {
 	// DefaultFilesystem is true when the policy had no filesystem
 	// section and the supervisor's default rules apply.
 	DefaultFilesystem bool
+
+	// domain starts every agent process inside one Landlock domain (see
+	// Confinement.Start).
+	domain domainThread
 }
 
 // defaultReadOnly and defaultReadWrite apply when the policy has no

@@ -43,6 +43,23 @@ func landlockRestrictAllThreads(rulesetFD int) error {
 	return nil
 }
 
+// RestrictThread enforces the ruleset on the calling OS thread only: what
+// it forks afterwards starts in that Landlock domain. Without
+// CAP_SYS_ADMIN the thread first gets no_new_privs (also per thread).
+func RestrictThread(rulesetFD int) error {
+	_, _, e := syscall.RawSyscall(unix.SYS_LANDLOCK_RESTRICT_SELF, uintptr(rulesetFD), 0, 0)
+	if e == unix.EPERM {
+		if _, _, e = syscall.RawSyscall(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); e != 0 {
+			return fmt.Errorf("no_new_privs: %w", e)
+		}
+		_, _, e = syscall.RawSyscall(unix.SYS_LANDLOCK_RESTRICT_SELF, uintptr(rulesetFD), 0, 0)
+	}
+	if e != 0 {
+		return fmt.Errorf("landlock_restrict_self: %w", e)
+	}
+	return nil
+}
+
 // LandlockABI is the kernel's Landlock ABI version, 0 when Landlock is not
 // available (not built in, or not enabled at boot).
 func LandlockABI() int {
@@ -81,6 +98,28 @@ func handledFS(abi int) uint64 {
 	return h
 }
 
+// scopes are the IPC scopes the kernel's ABI offers (6 and later): an
+// agent process may signal, and connect to abstract unix sockets of, only
+// processes in its own Landlock domain or one nested in it.
+func scopes(abi int) uint64 {
+	if abi >= 6 {
+		return unix.LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | unix.LANDLOCK_SCOPE_SIGNAL
+	}
+	return 0
+}
+
+// ScopeNames names the scopes the ABI offers, for the supervisor's report.
+func ScopeNames(abi int) []string {
+	var names []string
+	if scopes(abi)&unix.LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET != 0 {
+		names = append(names, "abstract_unix_socket")
+	}
+	if scopes(abi)&unix.LANDLOCK_SCOPE_SIGNAL != 0 {
+		names = append(names, "signal")
+	}
+	return names
+}
+
 const (
 	// readOnlyRights: read files, list directories, execute.
 	readOnlyRights = unix.LANDLOCK_ACCESS_FS_EXECUTE | unix.LANDLOCK_ACCESS_FS_READ_FILE | unix.LANDLOCK_ACCESS_FS_READ_DIR
@@ -110,9 +149,11 @@ func (p PathProblem) Reason() string {
 	return p.Err.Error()
 }
 
-// BuildRuleset creates the Landlock ruleset for s with the kernel's ABI.
-// It returns -1 when nothing is to be enforced (no Landlock under best
-// effort, or no usable path), and the problems with the skipped paths.
+// BuildRuleset creates the Landlock ruleset for s with the kernel's ABI,
+// scoped (ABI 6 and later) to abstract unix sockets and signals of the
+// agent's own domain. It returns -1 when nothing is to be enforced (no
+// Landlock under best effort), a ruleset with the scopes only when no path
+// is usable under best effort, and the problems with the skipped paths.
 // Under s.Hard every problem, and a kernel without Landlock, is an error.
 func BuildRuleset(s LandlockSpec, abi int) (fd int, skipped []PathProblem, err error) {
 	if abi <= 0 {
@@ -122,7 +163,7 @@ func BuildRuleset(s LandlockSpec, abi int) (fd int, skipped []PathProblem, err e
 		return -1, nil, nil
 	}
 	handled := handledFS(abi)
-	attr := unix.LandlockRulesetAttr{Handled_access_fs: handled}
+	attr := unix.LandlockRulesetAttr{Handled_access_fs: handled, Scoped: scopes(abi)}
 	fd, err = landlockCreateRuleset(&attr, 0)
 	if err != nil {
 		if s.Hard {
@@ -162,6 +203,15 @@ func BuildRuleset(s LandlockSpec, abi int) (fd int, skipped []PathProblem, err e
 		unix.Close(fd) //nolint:errcheck // the ruleset is abandoned
 		if s.Hard {
 			return -1, skipped, errors.New("landlock is required (hard_requirement) but no rule path could be opened")
+		}
+		if attr.Scoped == 0 {
+			return -1, skipped, nil
+		}
+		// No filesystem rules, but the scopes still apply (best effort:
+		// none if the kernel refuses them).
+		scoped := unix.LandlockRulesetAttr{Scoped: attr.Scoped}
+		if sfd, serr := landlockCreateRuleset(&scoped, 0); serr == nil {
+			return sfd, skipped, nil
 		}
 		return -1, skipped, nil
 	}

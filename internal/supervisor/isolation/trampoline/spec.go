@@ -23,6 +23,11 @@ type Spec struct {
 
 // LandlockSpec is the Landlock part of a Spec.
 type LandlockSpec struct {
+	// Inherited: the trampoline already runs in the agents' Landlock
+	// domain (the supervisor forked it from a thread restricted with the
+	// ruleset) and adds none of its own; the paths are then empty.
+	Inherited bool `json:"inherited,omitempty"`
+
 	ReadOnly  []Path `json:"read_only,omitempty"`
 	ReadWrite []Path `json:"read_write,omitempty"`
 	Hard      bool   `json:"hard,omitempty"`

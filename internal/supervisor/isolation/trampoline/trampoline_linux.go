@@ -68,9 +68,11 @@ func confineAndExec(specFile *os.File) error {
 	}
 	// Rule paths are opened while still root, so a path the agent could
 	// not open itself can still be granted (DAC applies on top).
-	rulesetFD, _, err := BuildRuleset(s.Landlock, LandlockABI())
-	if err != nil {
-		return err
+	rulesetFD := -1
+	if !s.Landlock.Inherited {
+		if rulesetFD, _, err = BuildRuleset(s.Landlock, LandlockABI()); err != nil {
+			return err
+		}
 	}
 	if err := dropPrivileges(s.UID, s.GID); err != nil {
 		return err

@@ -102,6 +102,23 @@ func main() {
 		}
 	case "kill":
 		err = unix.Kill(pid(1), unix.SIGKILL)
+	case "abstract-connect":
+		// Connects to the abstract unix socket @NAME.
+		err = abstractConnect(arg(1))
+	case "abstract-self":
+		// A positive: an abstract socket of this process's own domain.
+		name := fmt.Sprintf("openshell-escape-self-%d", os.Getpid())
+		l, lerr := net.Listen("unix", "@"+name)
+		if lerr == nil {
+			defer l.Close()
+			lerr = abstractConnect(name)
+		}
+		if lerr != nil {
+			fmt.Printf("broken: %v\n", lerr)
+			os.Exit(1)
+		}
+		fmt.Println("works abstract-self")
+		os.Exit(0)
 	case "signal0":
 		err = unix.Kill(pid(1), 0)
 	case "init-module":
@@ -191,4 +208,13 @@ func errno(r1, _ uintptr, e syscall.Errno) error {
 		return e
 	}
 	return nil
+}
+
+func abstractConnect(name string) error {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Connect(fd, &unix.SockaddrUnix{Name: "@" + name})
 }
