@@ -13,7 +13,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -429,98 +428,6 @@ func TestDenialsBounded(t *testing.T) {
 	if len(g) != 2 || dropped != 1 || g[0].Count != 2 {
 		t.Errorf("denials = %+v dropped %d", g, dropped)
 	}
-}
-
-// BenchmarkConnect compares, in one run, loopback connections through the
-// proxy (CONNECT, with the real /proc caller identification and decision)
-// with direct ones to the same sink: setup latency (p50 added by the
-// proxy) and bulk throughput (x-direct: proxied MB/s over direct MB/s).
-func BenchmarkConnect(b *testing.B) {
-	ln := loopbackServer(b, func(c net.Conn) {
-		go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
-	})
-	port := uint32(ln.Addr().(*net.TCPAddr).Port)
-	self, err := os.Executable()
-	if err != nil {
-		b.Fatal(err)
-	}
-	id := &ProcIdentifier{Root: "/proc", Self: -1} // the benchmark itself is the caller
-	rules := curlRules(port, "127.0.0.1")
-	rules["up"].Binaries = []*sandboxv1.NetworkBinary{{Path: self}}
-	var idMu sync.Mutex
-	var idTimes []time.Duration
-	identify := func(client, server netip.AddrPort) ([]Caller, error) {
-		t0 := time.Now()
-		cs, err := id.Identify(client, server)
-		idMu.Lock()
-		idTimes = append(idTimes, time.Since(t0))
-		idMu.Unlock()
-		return cs, err
-	}
-	tp := startProxy(b, Config{Resolver: loopbackResolver("allowed.test"), Identify: identify}, rules)
-
-	viaProxy := func() (net.Conn, error) {
-		c, err := net.Dial("tcp", tp.url.Host)
-		if err != nil {
-			return nil, err
-		}
-		fmt.Fprintf(c, "CONNECT allowed.test:%d HTTP/1.1\r\nHost: x\r\n\r\n", port)
-		br := bufio.NewReader(c)
-		resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
-		if err != nil {
-			c.Close()
-			return nil, err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != 200 || br.Buffered() != 0 {
-			c.Close()
-			return nil, fmt.Errorf("CONNECT: %s", resp.Status)
-		}
-		return c, nil
-	}
-	direct := func() (net.Conn, error) { return net.Dial("tcp", ln.Addr().String()) }
-	buf := make([]byte, 64<<10)
-	const perConn = 16 << 20
-	measure := func(dial func() (net.Conn, error)) (setup, xfer time.Duration) {
-		t0 := time.Now()
-		c, err := dial()
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		setup = time.Since(t0)
-		t1 := time.Now()
-		for n := 0; n < perConn; n += len(buf) {
-			if _, err := c.Write(buf); err != nil {
-				b.Fatal(err)
-			}
-		}
-		_ = c.(*net.TCPConn).CloseWrite()
-		_, _ = io.Copy(io.Discard, c) // EOF once the sink has read everything
-		return setup, time.Since(t1)
-	}
-	var setupD, setupP []time.Duration
-	var xferD, xferP time.Duration
-	for b.Loop() {
-		s, x := measure(direct)
-		setupD, xferD = append(setupD, s), xferD+x
-		s, x = measure(viaProxy)
-		setupP, xferP = append(setupP, s), xferP+x
-	}
-	p50 := func(d []time.Duration) time.Duration {
-		slices.Sort(d)
-		return d[len(d)/2]
-	}
-	mbps := func(x time.Duration) float64 { return float64(perConn*len(setupD)) / x.Seconds() / 1e6 }
-	b.ReportMetric(mbps(xferD), "direct-MB/s")
-	b.ReportMetric(mbps(xferP), "proxy-MB/s")
-	b.ReportMetric(mbps(xferP)/mbps(xferD), "x-direct")
-	b.ReportMetric(float64(p50(setupP)-p50(setupD))/1e3, "setup-added-p50-us")
-	idMu.Lock()
-	defer idMu.Unlock()
-	b.ReportMetric(float64(p50(idTimes))/1e3, "identify-p50-us")
-	b.ReportMetric(float64(procCount("/proc")), "procs")
-	b.ReportMetric(float64(fdCount("/proc")), "fds")
 }
 
 // procCount is the number of processes a procfs at root shows:
