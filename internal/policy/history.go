@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -146,16 +147,75 @@ var errConcurrentPolicy = errdefs.Conflict("sandbox policy was modified concurre
 // was read, change runs again on that one (at most a few times, then
 // Aborted), so no update is lost, across gateway replicas too.
 func (h History) Apply(ctx context.Context, sb *openshellv1.Sandbox, change func(cur *sandboxv1.SandboxPolicy) (*sandboxv1.SandboxPolicy, error)) (*openshellv1.SandboxPolicyRevision, error) {
-	for range applyAttempts {
-		rev, err := h.applyOnce(ctx, sb, change)
-		if !errors.Is(err, errdefs.ErrAlreadyExists) {
-			return rev, err
-		}
-	}
-	return nil, errConcurrentPolicy
+	rev, _, err := h.ApplyWrite(ctx, sb, Write{}, change)
+	return rev, err
 }
 
-func (h History) applyOnce(ctx context.Context, sb *openshellv1.Sandbox, change func(cur *sandboxv1.SandboxPolicy) (*sandboxv1.SandboxPolicy, error)) (*openshellv1.SandboxPolicyRevision, error) {
+// Write is what an UpdateConfig carries besides the policy change.
+type Write struct {
+	// Annotations are merged into the sandbox's metadata.annotations in
+	// the same transaction as the revision, and kept as the revision's
+	// provenance (OpenShell's UpdateConfig annotations).
+	Annotations map[string]string
+	// ExpectedRV, when not 0, is the sandbox's resource version the
+	// caller read: the write is refused (Aborted) if it changed.
+	ExpectedRV uint64
+}
+
+// ApplyWrite is Apply with w, and also returns the sandbox's annotations
+// after the write. A change that leaves the policy and the provenance as
+// they are stores no revision; the annotations are then still merged
+// (compare-and-swap on w.ExpectedRV) unless they are all present already.
+func (h History) ApplyWrite(ctx context.Context, sb *openshellv1.Sandbox, w Write, change func(cur *sandboxv1.SandboxPolicy) (*sandboxv1.SandboxPolicy, error)) (*openshellv1.SandboxPolicyRevision, map[string]string, error) {
+	for range applyAttempts {
+		rev, ann, err := h.applyOnce(ctx, sb, w, change)
+		if !errors.Is(err, errdefs.ErrAlreadyExists) {
+			return rev, ann, err
+		}
+	}
+	return nil, nil, errConcurrentPolicy
+}
+
+// hasAnnotations reports whether every annotation of want is in have.
+func hasAnnotations(have, want map[string]string) bool {
+	for k, v := range want {
+		if got, ok := have[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// projectAnnotations merges w.Annotations into row (a *Sandbox).
+func projectAnnotations(w Write) func(proto.Message) error {
+	return func(m proto.Message) error {
+		row := m.(*openshellv1.Sandbox)
+		if len(w.Annotations) == 0 {
+			return nil
+		}
+		if row.Metadata.Annotations == nil {
+			row.Metadata.Annotations = map[string]string{}
+		}
+		maps.Copy(row.Metadata.Annotations, w.Annotations)
+		return nil
+	}
+}
+
+// Annotate merges w.Annotations into sb's metadata with a compare-and-swap
+// on w.ExpectedRV (nothing is written when they are all present already)
+// and returns the sandbox's annotations.
+func (h History) Annotate(ctx context.Context, sb *openshellv1.Sandbox, w Write) (map[string]string, error) {
+	if hasAnnotations(sb.GetMetadata().GetAnnotations(), w.Annotations) {
+		return sb.GetMetadata().GetAnnotations(), nil
+	}
+	row := &openshellv1.Sandbox{}
+	if _, err := h.Store.UpdateCAS(ctx, store.TypeSandbox, sb.GetMetadata().GetId(), w.ExpectedRV, row, projectAnnotations(w)); err != nil {
+		return nil, err
+	}
+	return row.GetMetadata().GetAnnotations(), nil
+}
+
+func (h History) applyOnce(ctx context.Context, sb *openshellv1.Sandbox, w Write, change func(cur *sandboxv1.SandboxPolicy) (*sandboxv1.SandboxPolicy, error)) (*openshellv1.SandboxPolicyRevision, map[string]string, error) {
 	baseline := sb.GetSpec().GetPolicy()
 	id := sb.GetMetadata().GetId()
 	// The newest revision; a baseline not stored yet stands for version 1
@@ -165,29 +225,37 @@ func (h History) applyOnce(ctx context.Context, sb *openshellv1.Sandbox, change 
 	switch {
 	case err == nil:
 		if latest, err = DecodeRecord(rec); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	case errors.Is(err, errdefs.ErrNotFound) && baseline != nil:
 		latest = &openshellv1.SandboxPolicyRevision{Version: 1, Policy: baseline, PolicyHash: Hash(baseline)}
 	case !errors.Is(err, errdefs.ErrNotFound):
-		return nil, err
+		return nil, nil, err
 	}
 	next, err := change(latest.GetPolicy())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := ValidateUpdate(baseline, next); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if latest != nil && latest.GetPolicyHash() == Hash(next) {
-		return h.Latest(ctx, sb) // stores the baseline when it is not yet
+	if latest != nil && latest.GetPolicyHash() == Hash(next) && maps.Equal(latest.GetProvenance(), w.Annotations) {
+		rev, err := h.Latest(ctx, sb) // stores the baseline when it is not yet
+		if err != nil {
+			return nil, nil, err
+		}
+		ann, err := h.Annotate(ctx, sb, w)
+		return rev, ann, err
 	}
 	now := h.now()
-	rec, err = NewRecord(id, next, now)
-	if err != nil {
-		return nil, err
+	rev := &openshellv1.SandboxPolicyRevision{
+		PolicyHash: Hash(next), Status: openshellv1.PolicyStatus_POLICY_STATUS_PENDING,
+		CreatedAtMs: now.UnixMilli(), Policy: next, Provenance: w.Annotations,
 	}
-	rec.ID = RevisionRecordID(id, latest.GetVersion()+1)
+	rec = store.Record{Type: RecordType, Scope: id, ID: RevisionRecordID(id, latest.GetVersion()+1)}
+	if err := EncodeRecord(&rec, rev); err != nil {
+		return nil, nil, err
+	}
 	commit := store.PolicyRevision{
 		Revision:        rec,
 		SupersedeStatus: openshellv1.PolicyStatus_POLICY_STATUS_SUPERSEDED.String(),
@@ -196,30 +264,40 @@ func (h History) applyOnce(ctx context.Context, sb *openshellv1.Sandbox, change 
 	if baseline != nil {
 		bf, err := BaselineRecord(id, baseline, now)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		commit.Backfill = &bf
-	} else {
+	}
+	row := &openshellv1.Sandbox{}
+	if baseline == nil || len(w.Annotations) > 0 || w.ExpectedRV != 0 {
+		annotate := projectAnnotations(w)
 		commit.Project = &store.Projection{
-			Type: store.TypeSandbox, ID: id, Msg: &openshellv1.Sandbox{},
+			Type: store.TypeSandbox, ID: id, Msg: row, ExpectedRV: w.ExpectedRV,
 			Mutate: func(m proto.Message) error {
 				row := m.(*openshellv1.Sandbox)
-				if row.GetSpec().GetPolicy() != nil {
-					return errdefs.Conflict(fmt.Sprintf("sandbox %q got its policy while this update was in flight; retry", sb.GetMetadata().GetName()))
+				if baseline == nil {
+					if row.GetSpec().GetPolicy() != nil {
+						return errdefs.Conflict(fmt.Sprintf("sandbox %q got its policy while this update was in flight; retry", sb.GetMetadata().GetName()))
+					}
+					if row.Spec == nil {
+						row.Spec = &openshellv1.SandboxSpec{}
+					}
+					row.Spec.Policy = next
 				}
-				if row.Spec == nil {
-					row.Spec = &openshellv1.SandboxSpec{}
-				}
-				row.Spec.Policy = next
-				return nil
+				return annotate(m)
 			},
 		}
 	}
 	res, err := h.Store.CommitPolicyRevision(ctx, commit)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return DecodeRecord(res.Revision)
+	ann := sb.GetMetadata().GetAnnotations()
+	if commit.Project != nil {
+		ann = row.GetMetadata().GetAnnotations()
+	}
+	out, err := DecodeRecord(res.Revision)
+	return out, ann, err
 }
 
 // Report records the status a supervisor reported for version v of

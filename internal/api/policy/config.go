@@ -16,8 +16,10 @@ import (
 	"github.com/openshell-go/openshell/internal/api/authz"
 	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/lifecycle"
 	policyrules "github.com/openshell-go/openshell/internal/policy"
 	"github.com/openshell-go/openshell/internal/settings"
+	"github.com/openshell-go/openshell/internal/store"
 )
 
 // failureMode is the policy_validation_failure_mode this gateway serves.
@@ -137,6 +139,9 @@ func (s *Service) UpdateConfig(ctx context.Context, req *openshellv1.UpdateConfi
 	case n == 0:
 		return nil, errdefs.InvalidArgument("one of policy, setting_key, or merge_operations must be provided")
 	}
+	if err := lifecycle.ValidateAnnotations(req.GetAnnotations(), "annotations"); err != nil {
+		return nil, err
+	}
 	if req.GetPolicy() != nil {
 		if size := proto.Size(req.GetPolicy()); size > maxPolicySize {
 			return nil, errdefs.InvalidArgument(fmt.Sprintf("policy serialized size exceeds maximum (%d > %d)", size, maxPolicySize))
@@ -157,34 +162,45 @@ func (s *Service) UpdateConfig(ctx context.Context, req *openshellv1.UpdateConfi
 	if err := s.o.Authz.Sandbox(ctx, req.GetWorkspace(), req.GetName(), openshellv1.WorkspaceRole_WORKSPACE_ROLE_ADMIN); err != nil {
 		return nil, err
 	}
-	// OpenShell writes these to the sandbox's metadata (CAS on the
-	// version); this gateway does not, so it refuses them rather than
-	// dropping them.
-	switch {
-	case len(req.GetAnnotations()) > 0:
-		return nil, errdefs.InvalidArgument("annotations are not supported by this gateway yet")
-	case req.GetExpectedResourceVersion() != 0:
-		return nil, errdefs.InvalidArgument("expected_resource_version is not supported by this gateway yet")
-	}
 	sb, err := s.o.Engine.Get(ctx, req.GetWorkspace(), req.GetName())
 	if err != nil {
 		return nil, err
 	}
+	w := write(req)
 	switch {
 	case key != "":
-		return s.updateSandboxSetting(ctx, sb, req, key)
+		return s.updateSandboxSetting(ctx, sb, req, key, w)
 	case len(req.GetMergeOperations()) > 0:
-		return s.mergeSandboxPolicy(ctx, sb, req.GetMergeOperations())
+		return s.mergeSandboxPolicy(ctx, sb, req.GetMergeOperations(), w)
 	}
-	return s.updateSandboxPolicy(ctx, sb, req.GetPolicy())
+	return s.updateSandboxPolicy(ctx, sb, req.GetPolicy(), w)
+}
+
+// write is the sandbox metadata change that comes with a sandbox-scoped
+// UpdateConfig: its annotations (merged into the sandbox's, and kept as
+// the provenance of a new policy revision) under a compare-and-swap on
+// expected_resource_version (0: none).
+func write(req *openshellv1.UpdateConfigRequest) policyrules.Write {
+	return policyrules.Write{Annotations: req.GetAnnotations(), ExpectedRV: req.GetExpectedResourceVersion()}
+}
+
+// staleVersion refuses a write on sb read at another resource version.
+func staleVersion(sb *openshellv1.Sandbox, w policyrules.Write) error {
+	if rv := sb.GetMetadata().GetResourceVersion(); w.ExpectedRV != 0 && rv != w.ExpectedRV {
+		return &store.ConflictError{Type: store.TypeSandbox, ID: sb.GetMetadata().GetId(), Expected: w.ExpectedRV, Current: rv}
+	}
+	return nil
 }
 
 // mergeSandboxPolicy applies merge operations to sb's newest policy as
 // one new revision (policy.Merge); a concurrent revision makes it re-apply
 // them to that one, so none is lost. Refused while a global policy is in
 // force, like a whole-policy update.
-func (s *Service) mergeSandboxPolicy(ctx context.Context, sb *openshellv1.Sandbox, ops []*openshellv1.PolicyMergeOperation) (*openshellv1.UpdateConfigResponse, error) {
+func (s *Service) mergeSandboxPolicy(ctx context.Context, sb *openshellv1.Sandbox, ops []*openshellv1.PolicyMergeOperation, w policyrules.Write) (*openshellv1.UpdateConfigResponse, error) {
 	if err := policyrules.CheckMergeOperations(ops); err != nil {
+		return nil, err
+	}
+	if err := staleVersion(sb, w); err != nil {
 		return nil, err
 	}
 	if _, err := s.global.Active(ctx); err == nil {
@@ -192,13 +208,13 @@ func (s *Service) mergeSandboxPolicy(ctx context.Context, sb *openshellv1.Sandbo
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		return nil, err
 	}
-	rev, err := s.history.Apply(ctx, sb, func(cur *sandboxv1.SandboxPolicy) (*sandboxv1.SandboxPolicy, error) {
+	rev, ann, err := s.history.ApplyWrite(ctx, sb, w, func(cur *sandboxv1.SandboxPolicy) (*sandboxv1.SandboxPolicy, error) {
 		return policyrules.Merge(cur, ops)
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &openshellv1.UpdateConfigResponse{Version: rev.GetVersion(), PolicyHash: rev.GetPolicyHash()}, nil
+	return &openshellv1.UpdateConfigResponse{Version: rev.GetVersion(), PolicyHash: rev.GetPolicyHash(), Annotations: ann}, nil
 }
 
 // syncSandboxPolicy is UpdateConfig by a supervisor: only its own
@@ -219,22 +235,25 @@ func (s *Service) syncSandboxPolicy(ctx context.Context, sandboxID string, req *
 	if req.GetName() != sb.GetMetadata().GetName() && req.GetName() != sb.GetMetadata().GetId() {
 		return nil, authz.ErrCrossSandbox
 	}
-	return s.updateSandboxPolicy(ctx, sb, req.GetPolicy())
+	return s.updateSandboxPolicy(ctx, sb, req.GetPolicy(), write(req))
 }
 
 // updateSandboxPolicy stores a new revision of sb's own policy; refused
 // while a global policy is in force.
-func (s *Service) updateSandboxPolicy(ctx context.Context, sb *openshellv1.Sandbox, p *sandboxv1.SandboxPolicy) (*openshellv1.UpdateConfigResponse, error) {
+func (s *Service) updateSandboxPolicy(ctx context.Context, sb *openshellv1.Sandbox, p *sandboxv1.SandboxPolicy, w policyrules.Write) (*openshellv1.UpdateConfigResponse, error) {
+	if err := staleVersion(sb, w); err != nil {
+		return nil, err
+	}
 	if _, err := s.global.Active(ctx); err == nil {
 		return nil, errdefs.FailedPrecondition("policy is managed globally; delete global policy before sandbox policy update")
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		return nil, err
 	}
-	rev, err := s.history.Update(ctx, sb, p)
+	rev, ann, err := s.history.ApplyWrite(ctx, sb, w, func(*sandboxv1.SandboxPolicy) (*sandboxv1.SandboxPolicy, error) { return p, nil })
 	if err != nil {
 		return nil, err
 	}
-	return &openshellv1.UpdateConfigResponse{Version: rev.GetVersion(), PolicyHash: rev.GetPolicyHash()}, nil
+	return &openshellv1.UpdateConfigResponse{Version: rev.GetVersion(), PolicyHash: rev.GetPolicyHash(), Annotations: ann}, nil
 }
 
 // updateGlobal sets or removes the global policy or a global setting.
@@ -247,7 +266,9 @@ func (s *Service) updateGlobal(ctx context.Context, req *openshellv1.UpdateConfi
 	case len(req.GetMergeOperations()) > 0:
 		return nil, errdefs.InvalidArgument("merge_operations are not supported for global policy updates")
 	case req.GetExpectedResourceVersion() != 0:
-		return nil, errdefs.InvalidArgument("expected_resource_version is not supported by this gateway yet")
+		// OpenShell ignores it here; the global writes have their own
+		// compare-and-swap, so it would be a field that does nothing.
+		return nil, errdefs.InvalidArgument("expected_resource_version is only supported for sandbox-scoped updates")
 	case req.GetPolicy() != nil && req.GetDeleteSetting():
 		return nil, errdefs.InvalidArgument("delete_setting cannot be combined with policy payload")
 	}
@@ -311,7 +332,12 @@ func mutation(key string, req *openshellv1.UpdateConfigRequest) func(map[string]
 
 // updateSandboxSetting sets or deletes a setting of sb; a key set
 // globally cannot be changed per sandbox (OpenShell's texts).
-func (s *Service) updateSandboxSetting(ctx context.Context, sb *openshellv1.Sandbox, req *openshellv1.UpdateConfigRequest, key string) (*openshellv1.UpdateConfigResponse, error) {
+// The annotations are merged after the setting is stored (as OpenShell);
+// a stale expected_resource_version is refused before anything is
+// written, though a sandbox changed between that check and the
+// annotations' compare-and-swap leaves the setting stored and answers
+// Aborted.
+func (s *Service) updateSandboxSetting(ctx context.Context, sb *openshellv1.Sandbox, req *openshellv1.UpdateConfigRequest, key string, w policyrules.Write) (*openshellv1.UpdateConfigResponse, error) {
 	if key == settings.PolicyKey {
 		return nil, errdefs.InvalidArgument("reserved key 'policy' must be set via policy commands")
 	}
@@ -335,9 +361,16 @@ func (s *Service) updateSandboxSetting(ctx context.Context, sb *openshellv1.Sand
 		}
 		return nil, errdefs.FailedPrecondition(fmt.Sprintf("setting '%s' is managed globally; delete the global setting before sandbox update", key))
 	}
+	if err := staleVersion(sb, w); err != nil {
+		return nil, err
+	}
 	snap, changed, err := s.settings.Update(ctx, sb.GetMetadata().GetId(), mutation(key, req))
 	if err != nil {
 		return nil, err
 	}
-	return &openshellv1.UpdateConfigResponse{SettingsRevision: snap.Revision, Deleted: req.GetDeleteSetting() && changed}, nil
+	ann, err := s.history.Annotate(ctx, sb, w)
+	if err != nil {
+		return nil, err
+	}
+	return &openshellv1.UpdateConfigResponse{SettingsRevision: snap.Revision, Deleted: req.GetDeleteSetting() && changed, Annotations: ann}, nil
 }

@@ -230,10 +230,10 @@ func TestUpdateConfigRefusals(t *testing.T) {
 			codes.InvalidArgument, "merge_operations are not supported for global policy updates"},
 		{"global annotations", &openshellv1.UpdateConfigRequest{Global: true, Policy: livePolicy(), Annotations: map[string]string{"a": "b"}},
 			codes.InvalidArgument, "annotations are only supported for sandbox-scoped updates"},
-		{"sandbox annotations", &openshellv1.UpdateConfigRequest{Name: "pol", Workspace: "team-a", Policy: livePolicy(), Annotations: map[string]string{"a": "b"}},
-			codes.InvalidArgument, "annotations are not supported by this gateway yet"},
-		{"expected resource version", &openshellv1.UpdateConfigRequest{Name: "pol", Workspace: "team-a", SettingKey: "ocsf_json_enabled", SettingValue: boolSetting(true), ExpectedResourceVersion: 3},
-			codes.InvalidArgument, "expected_resource_version is not supported by this gateway yet"},
+		{"invalid annotation key", &openshellv1.UpdateConfigRequest{Name: "pol", Workspace: "team-a", Policy: livePolicy(), Annotations: map[string]string{"-bad": "b"}},
+			codes.InvalidArgument, "-bad"},
+		{"global expected resource version", &openshellv1.UpdateConfigRequest{Global: true, SettingKey: "ocsf_json_enabled", SettingValue: boolSetting(true), ExpectedResourceVersion: 3},
+			codes.InvalidArgument, "expected_resource_version is only supported for sandbox-scoped updates"},
 		{"no name", &openshellv1.UpdateConfigRequest{Workspace: "team-a", SettingKey: "ocsf_json_enabled", SettingValue: boolSetting(true)},
 			codes.InvalidArgument, "name is required for sandbox-scoped updates"},
 	} {
@@ -319,5 +319,59 @@ func TestGlobalPolicyBecomesBaselineOfPolicylessSandbox(t *testing.T) {
 	}
 	if cfg := config(t, svc, f.SandboxA); cfg.GetVersion() != 1 || cfg.GetPolicySource() != sandboxv1.PolicySource_POLICY_SOURCE_SANDBOX || !proto.Equal(cfg.GetPolicy(), globalPolicy()) {
 		t.Fatalf("after removal: %v; want its own version 1 (the former global policy)", cfg)
+	}
+}
+
+// TestUpdateConfigAnnotations: annotations of a sandbox-scoped update are
+// merged into the sandbox's metadata (in the response too) and kept as the
+// new revision's provenance; expected_resource_version makes the update a
+// compare-and-swap on the sandbox, and a stale one stores nothing.
+func TestUpdateConfigAnnotations(t *testing.T) {
+	svc, f, id := setup(t)
+	admin := apitest.As(t.Context(), apitest.OIDCUser("aa"))
+	rv := func() uint64 {
+		t.Helper()
+		sb, err := f.Engine.GetByID(t.Context(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb.GetMetadata().GetResourceVersion()
+	}
+	next := livePolicy()
+	next.NetworkPolicies["pypi"] = &sandboxv1.NetworkPolicyRule{Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "pypi.org", Port: 443}}}
+
+	stale := rv() + 7
+	_, err := svc.UpdateConfig(admin, &openshellv1.UpdateConfigRequest{Name: "pol", Workspace: "team-a", Policy: next, Annotations: map[string]string{"ticket": "T-1"}, ExpectedResourceVersion: stale})
+	apitest.WantErr(t, "UpdateConfig(stale version)", err, codes.Aborted, "was modified concurrently")
+	if st := status(admin, t, svc, 0); st.GetRevision().GetVersion() != 1 {
+		t.Fatalf("a refused update stored version %d", st.GetRevision().GetVersion())
+	}
+
+	r, err := svc.UpdateConfig(admin, &openshellv1.UpdateConfigRequest{Name: "pol", Workspace: "team-a", Policy: next, Annotations: map[string]string{"ticket": "T-1"}, ExpectedResourceVersion: rv()})
+	if err != nil || r.GetVersion() != 2 || r.GetAnnotations()["ticket"] != "T-1" {
+		t.Fatalf("UpdateConfig(policy, annotations) = %v, %v; want version 2 with the annotation", r, err)
+	}
+	if st := status(admin, t, svc, 2); st.GetRevision().GetProvenance()["ticket"] != "T-1" {
+		t.Errorf("revision 2 provenance = %v", st.GetRevision().GetProvenance())
+	}
+	if sb, _ := f.Engine.GetByID(t.Context(), id); sb.GetMetadata().GetAnnotations()["ticket"] != "T-1" {
+		t.Errorf("sandbox annotations = %v", sb.GetMetadata().GetAnnotations())
+	}
+
+	merge := []*openshellv1.PolicyMergeOperation{{Operation: &openshellv1.PolicyMergeOperation_RemoveRule{RemoveRule: &openshellv1.RemoveNetworkRule{RuleName: "pypi"}}}}
+	r, err = svc.UpdateConfig(admin, &openshellv1.UpdateConfigRequest{Name: "pol", Workspace: "team-a", MergeOperations: merge, Annotations: map[string]string{"reviewer": "aa"}})
+	if err != nil || r.GetVersion() != 3 || r.GetAnnotations()["ticket"] != "T-1" || r.GetAnnotations()["reviewer"] != "aa" {
+		t.Fatalf("UpdateConfig(merge, annotations) = %v, %v; want version 3 with both annotations", r, err)
+	}
+	if p := status(admin, t, svc, 3).GetRevision().GetPolicy(); p.GetNetworkPolicies()["pypi"] != nil || p.GetNetworkPolicies()["gh"] == nil {
+		t.Errorf("merged policy = %v, want gh without pypi", p)
+	}
+
+	_, err = svc.UpdateConfig(admin, &openshellv1.UpdateConfigRequest{Name: "pol", Workspace: "team-a", SettingKey: "ocsf_json_enabled", SettingValue: boolSetting(true), ExpectedResourceVersion: stale})
+	apitest.WantErr(t, "UpdateConfig(setting, stale version)", err, codes.Aborted, "was modified concurrently")
+	r, err = svc.UpdateConfig(admin, &openshellv1.UpdateConfigRequest{Name: "pol", Workspace: "team-a", SettingKey: "ocsf_json_enabled", SettingValue: boolSetting(true),
+		Annotations: map[string]string{"ticket": "T-2"}, ExpectedResourceVersion: rv()})
+	if err != nil || r.GetSettingsRevision() != 1 || r.GetAnnotations()["ticket"] != "T-2" {
+		t.Fatalf("UpdateConfig(setting, annotations) = %v, %v; want settings revision 1 (the stale one stored nothing) and the new annotation", r, err)
 	}
 }
