@@ -3,7 +3,9 @@
 //
 // [Host] returns OPENSHELL_TEST_DOCKER_HOST when set (test/run-all.sh
 // starts a daemon with test/docker/start.sh and exports it); otherwise it
-// starts one with that script for the test binary and [Main] stops it.
+// starts one with that script: one for the whole test binary, stopped by
+// [Main], when the package's TestMain calls Main, else one per test,
+// stopped at the test's cleanup.
 // When no daemon can start the test is skipped, or fails under CI=true.
 // No registry is reachable from the tests: images are built from local
 // files ([BusyboxImage]: FROM scratch plus the host's static busybox).
@@ -33,16 +35,23 @@ import (
 // EnvHost names the Docker endpoint of the tests.
 const EnvHost = "OPENSHELL_TEST_DOCKER_HOST"
 
+type daemon struct {
+	host, dir, stop string
+	err             error
+}
+
 var (
-	startOnce sync.Once
-	started   struct {
-		host, dir, stop string
-		err             error
-	}
+	startOnce  sync.Once
+	started    daemon
+	mainActive bool
+
+	perTestMu sync.Mutex
+	perTest   = map[string]*daemon{} // by top-level test name, without Main
 )
 
 // Main runs the tests and stops a daemon that Host started.
 func Main(m *testing.M) {
+	mainActive = true
 	code := m.Run()
 	if started.dir != "" {
 		out, err := exec.Command(started.stop, started.dir).CombinedOutput()
@@ -59,25 +68,51 @@ func Host(t testing.TB) string {
 	if h := os.Getenv(EnvHost); h != "" {
 		return h
 	}
-	startOnce.Do(start)
-	if started.err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true and no Docker Engine: %v", started.err)
+	d := &started
+	if mainActive {
+		startOnce.Do(func() { started = start() })
+	} else {
+		// One daemon per top-level test: every call within it (a
+		// restarted gateway, say) sees the same Engine.
+		root, _, _ := strings.Cut(t.Name(), "/")
+		perTestMu.Lock()
+		own, ok := perTest[root]
+		if !ok {
+			st := start()
+			own = &st
+			perTest[root] = own
+			if own.dir != "" {
+				t.Cleanup(func() {
+					perTestMu.Lock()
+					delete(perTest, root)
+					perTestMu.Unlock()
+					if out, err := exec.Command(own.stop, own.dir).CombinedOutput(); err != nil {
+						t.Errorf("stop dockerd: %v\n%s", err, out)
+					}
+				})
+			}
 		}
-		t.Skipf("no Docker Engine (set %s or install docker.io and run as root): %v", EnvHost, started.err)
+		perTestMu.Unlock()
+		d = own
 	}
-	return started.host
+	if d.err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true and no Docker Engine: %v", d.err)
+		}
+		t.Skipf("no Docker Engine (set %s or install docker.io and run as root): %v", EnvHost, d.err)
+	}
+	return d.host
 }
 
-func start() {
+func start() (started daemon) {
 	script, err := repoFile("test/docker/start.sh")
 	if err != nil {
 		started.err = err
-		return
+		return started
 	}
 	if _, err := exec.LookPath("dockerd"); err != nil {
 		started.err = errors.New("dockerd is not installed (apt-get install -y docker.io)")
-		return
+		return started
 	}
 	out, err := exec.Command(script).Output()
 	if err != nil {
@@ -86,7 +121,7 @@ func start() {
 			err = fmt.Errorf("%w: %s", err, ee.Stderr)
 		}
 		started.err = fmt.Errorf("test/docker/start.sh: %w", err)
-		return
+		return started
 	}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
@@ -103,6 +138,7 @@ func start() {
 	if started.host == "" {
 		started.err = fmt.Errorf("test/docker/start.sh printed no %s", EnvHost)
 	}
+	return started
 }
 
 // repoFile finds rel by walking up from the working directory.

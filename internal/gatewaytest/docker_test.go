@@ -1,0 +1,219 @@
+package gatewaytest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/volume"
+	"github.com/docker/docker/client"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/compute/docker"
+	"github.com/openshell-go/openshell/internal/compute/docker/dockertest"
+)
+
+// dockerGateway starts a gateway with the docker driver on a test Docker
+// Engine that has the locally built busybox image.
+func dockerGateway(t *testing.T, o Options) (*Gateway, *client.Client, string) {
+	t.Helper()
+	host := dockertest.Host(t)
+	img := dockertest.Busybox(t, host)
+	o.ExtraArgs = append(o.ExtraArgs, "--drivers", "docker")
+	o.Env = append(o.Env, "DOCKER_HOST="+host)
+	return Start(t, o), dockertest.Client(t, host), img
+}
+
+func createDocker(ctx context.Context, t *testing.T, c openshellv1.OpenShellClient, name, img string) *openshellv1.Sandbox {
+	t.Helper()
+	resp, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: name, Spec: &openshellv1.SandboxSpec{
+		Command:  []string{"sleep", "1000000"},
+		Template: &openshellv1.SandboxTemplate{Image: img},
+	}})
+	if err != nil {
+		t.Fatalf("CreateSandbox(%s, image %s): %v", name, img, err)
+	}
+	return resp.GetSandbox()
+}
+
+// dockerObjects lists the containers and volumes of a sandbox id.
+func dockerObjects(t *testing.T, cli *client.Client, id string) ([]container.Summary, []*volume.Volume) {
+	t.Helper()
+	f := filters.NewArgs(filters.Arg("label", docker.LabelSandboxID+"="+id))
+	cs, err := cli.ContainerList(t.Context(), container.ListOptions{All: true, Filters: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs, err := cli.VolumeList(t.Context(), volume.ListOptions{Filters: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs, vs.Volumes
+}
+
+// TestDockerSandboxLifecycle: a sandbox created through the public API
+// from a locally built image by name and tag reaches READY, runs exec as
+// the unprivileged agent user (which cannot read the supervisor's token),
+// keeps its workspace across stop and start, and leaves no container and
+// no volume after delete.
+func TestDockerSandboxLifecycle(t *testing.T) {
+	g, cli, img := dockerGateway(t, Options{})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	sb := createDocker(ctx, t, c, "docked", img)
+	id := sb.GetMetadata().GetId()
+	WaitPhase(ctx, t, c, "docked", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 60*time.Second)
+
+	out, errOut, code, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"sh", "-c", "id -u; pwd; echo kept > kept.txt"}})
+	if err != nil || code != 0 {
+		t.Fatalf("exec: %q %q %d %v", out, errOut, code, err)
+	}
+	if out != "1000\n/sandbox\n" {
+		t.Errorf("exec printed %q, want uid 1000 in /sandbox", out)
+	}
+	if out, _, code, _ := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"cat", docker.TokenDir + "/token"}}); code == 0 || out != "" {
+		t.Errorf("the agent read the sandbox token: %q (exit %d)", out, code)
+	}
+	cs, vs := dockerObjects(t, cli, id)
+	if len(cs) != 1 || len(vs) != 1 || cs[0].State != "running" {
+		t.Fatalf("docker objects of %s: containers %+v volumes %+v, want one running container and one volume", id, cs, vs)
+	}
+	ctr := cs[0].ID
+
+	if _, err := c.StopSandbox(ctx, &openshellv1.StopSandboxRequest{Name: "docked"}); err != nil {
+		t.Fatalf("StopSandbox: %v", err)
+	}
+	WaitPhase(ctx, t, c, "docked", openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPED, 60*time.Second)
+	if cs, _ := dockerObjects(t, cli, id); len(cs) != 1 || cs[0].State == "running" {
+		t.Errorf("container after stop: %+v, want one, not running", cs)
+	}
+	if _, err := c.StartSandbox(ctx, &openshellv1.StartSandboxRequest{Name: "docked"}); err != nil {
+		t.Fatalf("StartSandbox: %v", err)
+	}
+	WaitPhase(ctx, t, c, "docked", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 60*time.Second)
+	out, _, code, err = Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"cat", "kept.txt"}})
+	if err != nil || code != 0 || out != "kept\n" {
+		t.Errorf("workspace after stop/start: %q %d %v, want kept", out, code, err)
+	}
+	if cs, _ := dockerObjects(t, cli, id); len(cs) != 1 || cs[0].ID != ctr {
+		t.Errorf("container after start: %+v, want the same %s", cs, ctr)
+	}
+
+	if _, err := c.DeleteSandbox(ctx, &openshellv1.DeleteSandboxRequest{Name: "docked"}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(ctx, t, c, "docked")
+	if cs, vs := dockerObjects(t, cli, id); len(cs) != 0 || len(vs) != 0 {
+		t.Errorf("after delete: containers %+v volumes %+v, want none", cs, vs)
+	}
+}
+
+func waitGone(ctx context.Context, t *testing.T, c openshellv1.OpenShellClient, name string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		_, err := c.GetSandbox(ctx, &openshellv1.GetSandboxRequest{Name: name})
+		if status.Code(err) == codes.NotFound {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s still there after delete: %v", name, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestDockerGatewayKillReattaches: after kill -9 of the gateway with ten
+// containers running, a new gateway on the same state directory finds the
+// same containers (never restarted, no duplicates), their supervisors
+// reconnect and exec works again.
+func TestDockerGatewayKillReattaches(t *testing.T) {
+	const n = 10
+	g, cli, img := dockerGateway(t, Options{})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			ids[i] = createDocker(ctx, t, c, fmt.Sprintf("kept-%d", i), img).GetMetadata().GetId()
+		})
+	}
+	wg.Wait()
+	type seen struct{ id, started string }
+	before := map[string]seen{}
+	for i, id := range ids {
+		WaitPhase(ctx, t, c, fmt.Sprintf("kept-%d", i), openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 90*time.Second)
+		cs, _ := dockerObjects(t, cli, id)
+		if len(cs) != 1 {
+			t.Fatalf("containers of %s: %+v", id, cs)
+		}
+		info, err := cli.ContainerInspect(ctx, cs[0].ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[id] = seen{cs[0].ID, info.State.StartedAt}
+	}
+
+	g.Kill()
+	g2, _, _ := dockerGateway(t, Options{StateDir: g.StateDir, TLSDir: g.TLSDir, Port: g.Port})
+	c2 := g2.Client()
+	for i, id := range ids {
+		WaitPhase(ctx, t, c2, fmt.Sprintf("kept-%d", i), openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 90*time.Second)
+		cs, _ := dockerObjects(t, cli, id)
+		if len(cs) != 1 {
+			t.Fatalf("containers of %s after restart: %+v, want exactly one", id, cs)
+		}
+		info, err := cli.ContainerInspect(ctx, cs[0].ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := (seen{cs[0].ID, info.State.StartedAt}); got != before[id] {
+			t.Errorf("container of %s after restart = %+v, want the same, never restarted: %+v", id, got, before[id])
+		}
+	}
+	all, err := cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", docker.LabelManagedBy))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != n {
+		t.Errorf("%d openshell containers after restart, want %d", len(all), n)
+	}
+	// The new gateway controls the containers it found: stop and start
+	// one, the same container.
+	if _, err := c2.StopSandbox(ctx, &openshellv1.StopSandboxRequest{Name: "kept-0"}); err != nil {
+		t.Fatalf("StopSandbox after restart: %v", err)
+	}
+	WaitPhase(ctx, t, c2, "kept-0", openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPED, 60*time.Second)
+	if cs, _ := dockerObjects(t, cli, ids[0]); len(cs) != 1 || cs[0].State == "running" || cs[0].ID != before[ids[0]].id {
+		t.Errorf("container of kept-0 after stop: %+v, want %s stopped", cs, before[ids[0]].id)
+	}
+	if _, err := c2.StartSandbox(ctx, &openshellv1.StartSandboxRequest{Name: "kept-0"}); err != nil {
+		t.Fatalf("StartSandbox after restart: %v", err)
+	}
+	WaitPhase(ctx, t, c2, "kept-0", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 60*time.Second)
+	out, _, code, err := Exec(ctx, t, c2, &openshellv1.ExecSandboxRequest{SandboxId: ids[0], Command: []string{"echo", "back"}})
+	if err != nil || code != 0 || strings.TrimSpace(out) != "back" {
+		t.Errorf("exec after restart: %q %d %v", out, code, err)
+	}
+	for i := range n {
+		if _, err := c2.DeleteSandbox(ctx, &openshellv1.DeleteSandboxRequest{Name: fmt.Sprintf("kept-%d", i)}); err != nil {
+			t.Errorf("DeleteSandbox(kept-%d): %v", i, err)
+		}
+	}
+	for i, id := range ids {
+		waitGone(ctx, t, c2, fmt.Sprintf("kept-%d", i))
+		if cs, vs := dockerObjects(t, cli, id); len(cs) != 0 || len(vs) != 0 {
+			t.Errorf("after delete of %s: containers %+v volumes %+v", id, cs, vs)
+		}
+	}
+}
