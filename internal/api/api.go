@@ -16,6 +16,8 @@
 package api
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -30,6 +32,7 @@ import (
 	"github.com/openshell-go/openshell/internal/api/sandboxes"
 	"github.com/openshell-go/openshell/internal/api/supervisors"
 	"github.com/openshell-go/openshell/internal/api/workspaces"
+	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/lifecycle"
 	domainproviders "github.com/openshell-go/openshell/internal/providers"
 	"github.com/openshell-go/openshell/internal/relay"
@@ -145,7 +148,7 @@ func New(o Options) *Service {
 		logsAPI:        lg,
 		workspacesAPI:  workspaces.New(workspaces.Options{Store: o.Store, Engine: o.Engine, Authz: az, Logger: o.Logger}),
 		identityAPI:    identity.New(identity.Options{Sandboxes: o.Engine, Minter: o.Minter}),
-		policyAPI:      policy.New(policy.Options{Engine: o.Engine, Store: o.Store, Authz: az, Now: o.Now}),
+		policyAPI:      policy.New(policy.Options{Engine: o.Engine, Store: o.Store, Authz: az, Now: o.Now, CredentialHosts: credentialHosts(o.Providers)}),
 		providersAPI:   providers.New(providers.Options{Engine: o.Engine, Authz: az, Providers: o.Providers}),
 		supervisorsAPI: supervisors.New(supervisors.Options{Engine: o.Engine, Relay: o.Relay, GatewayLog: gatewayLog}),
 		Authz:          az,
@@ -159,4 +162,30 @@ func New(o Options) *Service {
 func (s *Service) Close() {
 	s.logsAPI.Close()
 	s.execAPI.Close()
+}
+
+// credentialHosts tells the policy advisor which hosts a sandbox holds
+// credentials for: the endpoints of the profile of each provider attached
+// to it (providers whose type has no built-in profile add none).
+func credentialHosts(ps *domainproviders.Store) func(context.Context, *openshellv1.Sandbox) ([]string, error) {
+	return func(ctx context.Context, sb *openshellv1.Sandbox) ([]string, error) {
+		var hosts []string
+		for _, name := range sb.GetSpec().GetProviders() {
+			p, err := ps.Get(ctx, sb.GetMetadata().GetWorkspace(), name)
+			if errors.Is(err, errdefs.ErrNotFound) {
+				continue // detached meanwhile
+			}
+			if err != nil {
+				return nil, err
+			}
+			prof, ok := ps.Catalog().Get(p.GetType())
+			if !ok {
+				continue
+			}
+			for _, ep := range prof.GetEndpoints() {
+				hosts = append(hosts, ep.GetHost())
+			}
+		}
+		return hosts, nil
+	}
 }
