@@ -21,8 +21,8 @@ import (
 // The policy commands follow OpenShell's CLI: 'policy set|get|list|delete'
 // over UpdateConfig, GetSandboxConfig, GetSandboxPolicyStatus and
 // ListSandboxPolicies, with policy files in OpenShell's YAML format
-// (internal/policy/policyfile). 'policy update' (incremental merges) is not
-// offered: this gateway refuses merge_operations.
+// (internal/policy/policyfile); 'policy update' (cmd_policy_update.go) sends
+// merge_operations.
 
 // providerRulePrefix names the network rules OpenShell composes from
 // attached providers; 'policy get --base' leaves them out.
@@ -38,18 +38,20 @@ overrides every sandbox's own policy while it is set.
 
 Policy files are YAML in OpenShell's policy format (version, filesystem_policy,
 landlock, process, network_policies, network_middlewares). 'policy set'
-replaces the whole policy: each change is a new revision, which the sandbox's
-supervisor loads (or fails to load) without restarting; 'policy list' shows
-each revision's status.`,
+replaces the whole policy and 'policy update' changes network rules in
+place: each change is a new revision, which the sandbox's supervisor loads
+(or fails to load) without restarting; 'policy list' shows each revision's
+status.`,
 		Example: `  openshell policy get my-sandbox
   openshell policy get my-sandbox --full > current-policy.yaml
   openshell policy set my-sandbox --policy policy.yaml --wait
+  openshell policy update my-sandbox --add-endpoint api.github.com:443:read-only:rest:enforce --binary /usr/bin/gh
   openshell policy list my-sandbox
   openshell policy set --global --policy policy.yaml --yes
   openshell policy delete --global --yes`,
 		RunE: groupRunE,
 	}
-	cmd.AddCommand(a.newPolicySetCmd(), a.newPolicyGetCmd(), a.newPolicyListCmd(), a.newPolicyDeleteCmd())
+	cmd.AddCommand(a.newPolicySetCmd(), a.newPolicyUpdateCmd(), a.newPolicyGetCmd(), a.newPolicyListCmd(), a.newPolicyDeleteCmd())
 	return cmd
 }
 

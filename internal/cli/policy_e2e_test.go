@@ -303,3 +303,81 @@ func TestSettingsCommandsRealGateway(t *testing.T) {
 		t.Errorf("complete --key = %q", r.stdout)
 	}
 }
+
+// TestPolicyUpdateRealGateway: 'policy update' against the real gateway and
+// a real supervisor. Each command is one new revision the supervisor loads;
+// --dry-run prints the merged policy and stores nothing; a flag the
+// gateway cannot apply stores nothing either.
+func TestPolicyUpdateRealGateway(t *testing.T) {
+	tt, _ := realGatewayTester(t)
+	v1 := policyFile(t, t.TempDir(), "v1.yaml", policyV1)
+	if r := tt.run("sandbox", "create", "--name", "upd", "--detach", "--policy", v1, "--", "sleep", "infinity"); r.err != nil {
+		t.Fatalf("sandbox create: %v\n%s", r.err, r.stderr)
+	}
+	revisionCount := func() int {
+		t.Helper()
+		var revs []any
+		if err := json.Unmarshal([]byte(mustRun(t, tt, "policy", "list", "upd", "-o", "json")), &revs); err != nil {
+			t.Fatal(err)
+		}
+		return len(revs)
+	}
+	update := func(version int, args ...string) {
+		t.Helper()
+		r := tt.run(append([]string{"policy", "update", "upd"}, append(args, "--wait", "--timeout", "90")...)...)
+		if r.err != nil || !strings.Contains(r.stderr, fmt.Sprintf("Policy version %d submitted", version)) || !strings.Contains(r.stderr, fmt.Sprintf("Policy version %d loaded", version)) {
+			t.Fatalf("policy update %v = %v\n%s", args, r.err, r.stderr)
+		}
+	}
+	update(2, "--add-endpoint", "pypi.org:443", "--binary", "/usr/bin/pip", "--binary", "/usr/bin/curl")
+	update(3, "--add-endpoint", "api.github.com:443:read-only:rest:enforce", "--binary", "/usr/bin/gh", "--rule-name", "github")
+	update(4, "--add-allow", "api.github.com:443:post:/repos/*/issues", "--add-deny", "api.github.com:443:GET:/admin/**")
+
+	out := mustRun(t, tt, "policy", "get", "upd", "--full")
+	_, doc, _ := strings.Cut(out, "---\n")
+	got, err := policyfile.Parse([]byte(doc))
+	if err != nil {
+		t.Fatalf("policy get --full: %v\n%s", err, out)
+	}
+	pypi, gh := got.GetNetworkPolicies()["allow_pypi_org_443"], got.GetNetworkPolicies()["github"]
+	if len(pypi.GetBinaries()) != 2 || pypi.GetEndpoints()[0].GetHost() != "pypi.org" {
+		t.Errorf("allow_pypi_org_443 = %v", pypi)
+	}
+	ep := gh.GetEndpoints()
+	if len(ep) != 1 || ep[0].GetProtocol() != "rest" || ep[0].GetEnforcement() != "enforce" || len(ep[0].GetDenyRules()) != 1 || ep[0].GetDenyRules()[0].GetPath() != "/admin/**" {
+		t.Fatalf("github rule = %v", gh)
+	}
+	var posts []string
+	for _, r := range ep[0].GetRules() {
+		if r.GetAllow().GetMethod() == "POST" {
+			posts = append(posts, r.GetAllow().GetPath())
+		}
+	}
+	if len(posts) != 1 || posts[0] != "/repos/*/issues" {
+		t.Errorf("github allow rules = %v, want the added POST /repos/*/issues (method upper-cased)", ep[0].GetRules())
+	}
+
+	// --dry-run: the merged policy, nothing stored.
+	r := tt.run("policy", "update", "upd", "--remove-rule", "allow_pypi_org_443", "--dry-run")
+	if r.err != nil || !strings.Contains(r.stderr, "Dry run preview for 1 incremental policy operation(s)") || !strings.HasPrefix(r.stdout, "---\nversion: 1\n") ||
+		strings.Contains(r.stdout, "pypi.org") || !strings.Contains(r.stdout, "api.github.com") {
+		t.Errorf("policy update --dry-run = %v\nstdout: %s\nstderr: %s", r.err, r.stdout, r.stderr)
+	}
+	if n := revisionCount(); n != 4 {
+		t.Errorf("revisions after --dry-run = %d, want 4", n)
+	}
+	// Refused by the gateway (no such endpoint) and by the CLI: nothing stored.
+	if r := tt.run("policy", "update", "upd", "--add-allow", "nowhere.example:443:GET:/x"); r.code() != 1 || !strings.Contains(r.err.Error(), "nowhere.example") {
+		t.Errorf("policy update --add-allow to a missing endpoint = %v (code %d)", r.err, r.code())
+	}
+	if r := tt.run("policy", "update", "upd", "--add-endpoint", "pypi.org:0"); r.code() != 2 || r.err.Error() != "--add-endpoint port must be in the range 1-65535, got '0' in 'pypi.org:0'\nRun 'openshell policy update --help' for usage" {
+		t.Errorf("policy update with port 0 = %v (code %d)", r.err, r.code())
+	}
+	if n := revisionCount(); n != 4 {
+		t.Errorf("revisions after refused updates = %d, want 4", n)
+	}
+	update(5, "--remove-rule", "allow_pypi_org_443", "--remove-endpoint", "api.github.com:443")
+	if out := mustRun(t, tt, "policy", "get", "upd", "--full"); strings.Contains(out, "network_policies") {
+		t.Errorf("policy after removing every rule = %q", out)
+	}
+}
