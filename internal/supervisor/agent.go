@@ -48,6 +48,21 @@ func (a *agentLauncher) prepare(policy *sandboxv1.SandboxPolicy) error {
 	return err
 }
 
+// confinement is the prepared confinement, nil when agents cannot start.
+func (a *agentLauncher) confinement() *isolation.Confinement {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.conf
+}
+
+// refuse makes every later command fail with err: a layer the policy
+// requires could not be set up, so no agent process starts.
+func (a *agentLauncher) refuse(err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.conf, a.err = nil, err
+}
+
 func (a *agentLauncher) build(policy *sandboxv1.SandboxPolicy) (*isolation.Confinement, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("the supervisor runs as uid %d: it needs root to start agent processes as an unprivileged user", os.Geteuid())

@@ -8,18 +8,26 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"path"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	"github.com/openshell-go/openshell/internal/supervisor/egress"
 	"github.com/openshell-go/openshell/internal/supervisor/egress/hostdial"
+	"github.com/openshell-go/openshell/internal/supervisor/isolation"
+	"github.com/openshell-go/openshell/internal/supervisor/nftfence"
 )
 
-// Egress environment contract (process driver).
+// Egress environment contract (process driver; EnvEgressFence: Kubernetes).
 const (
 	// EnvEgressDialerFD is the inherited descriptor of the driver's host
 	// dialer (package hostdial).
@@ -36,7 +44,20 @@ const (
 	// for upstreams of terminated TLS, besides the system roots. The
 	// process driver passes it only from the gateway's own environment.
 	EnvEgressTestCAFile = "OPENSHELL_EGRESS_TEST_CA_FILE"
+	// EnvEgressFence ("nftables") says the supervisor shares its network
+	// namespace with the agent (a Kubernetes pod): it dials upstream
+	// itself and fences agent processes off everything but the proxy
+	// with an nftables table (package nftfence).
+	EnvEgressFence = "OPENSHELL_EGRESS_FENCE"
 )
+
+// egressFenceNftables is the one value of EnvEgressFence.
+const egressFenceNftables = "nftables"
+
+// errAgentNetworkOpen marks a load error that stands whatever network
+// rules the policy has: agent processes reach the pod's network directly,
+// so not even "no network_policies, no egress" is enforced.
+var errAgentNetworkOpen = errors.New("agent processes are not fenced off the pod's network")
 
 // caEnv are the variables naming the CA bundle (system roots plus the
 // sandbox CA) for agent processes: OpenSSL and curl, Python requests,
@@ -95,13 +116,19 @@ func writeCABundle(ca *egress.CA) (string, error) {
 // the sandbox's own network namespace.
 const egressProxyAddr = "127.0.0.1:3128"
 
-// egressRunner is the supervisor's egress proxy, or why there is none.
+// egressRunner is the supervisor's egress proxy, or why there is none,
+// and in fence mode the nftables fence keeping agents on it.
 type egressRunner struct {
 	proxy *egress.Proxy
 	why   error    // set when proxy is nil
 	env   []string // proxy variables for agent processes
 	dial  *hostdial.Client
-	log   *slog.Logger
+
+	log       *slog.Logger
+	fenceMode bool                           // cfg.EgressFence is set
+	agent     atomic.Pointer[isolation.User] // fence mode: whom Identify reads /proc as
+	fence     *nftfence.Fence                // installed by fenceAgents
+	fenceErr  error                          // why fenceAgents failed (wraps errAgentNetworkOpen)
 }
 
 // takeEgressDialer takes over the host dialer descriptor before anything
@@ -127,17 +154,27 @@ func takeEgressDialer(cfg *Config) (*hostdial.Client, error) {
 }
 
 // startEgress starts the proxy when the sandbox has a network namespace
-// of its own (the proxy is then the only way out) and a host dialer. It
-// denies everything until load installs a policy.
+// of its own (the proxy is then the only way out) and a host dialer, or
+// in fence mode (the proxy dials upstream itself; fenceAgents makes it
+// the agents' only way out). It denies everything until load installs a
+// policy.
 func startEgress(ctx context.Context, log *slog.Logger, cfg Config, dialer *hostdial.Client, wg *sync.WaitGroup) *egressRunner {
-	e := &egressRunner{dial: dialer, log: log}
+	e := &egressRunner{dial: dialer, log: log, fenceMode: cfg.EgressFence != ""}
+	var dial func(context.Context, netip.AddrPort) (net.Conn, error)
 	switch {
+	case e.fenceMode:
+		dial = func(ctx context.Context, a netip.AddrPort) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", a.String())
+		}
 	case !cfg.PrivateNetwork:
 		e.why = errors.New("no egress proxy runs: the sandbox has no network namespace of its own, so a proxy could be bypassed")
 		return e
 	case dialer == nil:
 		e.why = fmt.Errorf("no egress proxy runs: the driver passed no host dialer (%s), so nothing leaves the sandbox", EnvEgressDialerFD)
 		return e
+	default:
+		dial = dialer.Dial
 	}
 	resolver, err := egressResolver(log, cfg, dialer)
 	if err != nil {
@@ -166,19 +203,28 @@ func startEgress(ctx context.Context, log *slog.Logger, cfg Config, dialer *host
 		return e
 	}
 	empty, _ := egress.Compile(nil)
+	var own []netip.Prefix
+	if e.fenceMode {
+		own = gatewayAddrs(ctx, log, cfg.Endpoint)
+	}
+	identify := (&egress.ProcIdentifier{Root: "/proc"}).Identify
+	if e.fenceMode {
+		identify = identifyAs(&e.agent, identify)
+	}
 	e.proxy = egress.New(egress.Config{
 		Resolver:      resolver,
-		Dial:          dialer.Dial,
-		Identify:      (&egress.ProcIdentifier{Root: "/proc"}).Identify,
+		Dial:          dial,
+		Identify:      identify,
+		OwnAddrs:      own,
 		OnEvent:       func(ev egress.Event) { logEgressEvent(log, ev) },
 		CA:            ca,
 		UpstreamRoots: cfg.upstreamRoots,
 		Credentials:   cfg.credentials,
 		Metrics:       cfg.egressMetrics,
 	}, empty)
-	url := "http://" + egressProxyAddr
+	proxyURL := "http://" + egressProxyAddr
 	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"} {
-		e.env = append(e.env, k+"="+url, strings.ToLower(k)+"="+url)
+		e.env = append(e.env, k+"="+proxyURL, strings.ToLower(k)+"="+proxyURL)
 	}
 	e.env = append(e.env, "NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1")
 	wg.Go(func() {
@@ -191,10 +237,37 @@ func startEgress(ctx context.Context, log *slog.Logger, cfg Config, dialer *host
 	return e
 }
 
+// gatewayAddrs are the addresses of a TCP gateway endpoint, which the
+// proxy's SSRF guard denies unless an endpoint's allowed_ips names them.
+// A name that does not resolve now is logged and left out: the guard's
+// private ranges still cover a cluster Service address.
+func gatewayAddrs(ctx context.Context, log *slog.Logger, endpoint string) []netip.Prefix {
+	u, err := url.Parse(endpoint)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" {
+		return nil
+	}
+	if a, err := netip.ParseAddr(u.Hostname()); err == nil {
+		return []netip.Prefix{netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", u.Hostname())
+	if err != nil {
+		log.Warn("cannot resolve the gateway's addresses for the egress proxy's SSRF guard", "host", u.Hostname(), "err", err)
+		return nil
+	}
+	own := make([]netip.Prefix, 0, len(addrs))
+	for _, a := range addrs {
+		own = append(own, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+	}
+	return own
+}
+
 // egressResolver resolves destination names for the proxy: the test-only
-// override when set, else the Go resolver of /etc/resolv.conf with its
-// DNS traffic (over TCP) sent through the host dialer, since the sandbox
-// namespace has no route to any name server.
+// override when set; without a host dialer (fence mode) the system
+// resolver; else the Go resolver of /etc/resolv.conf with its DNS traffic
+// (over TCP) sent through the host dialer, since the sandbox namespace has
+// no route to any name server.
 func egressResolver(log *slog.Logger, cfg Config, dialer *hostdial.Client) (egress.Resolver, error) {
 	if cfg.EgressTestHosts != "" {
 		r := egress.StaticResolver{}
@@ -209,6 +282,9 @@ func egressResolver(log *slog.Logger, cfg Config, dialer *hostdial.Client) (egre
 		log.Warn("egress proxy uses the test-only resolver override; other names do not resolve", "env", EnvEgressTestHosts)
 		return r, nil
 	}
+	if dialer == nil {
+		return nil, nil // egress.Config: the system resolver
+	}
 	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, address string) (net.Conn, error) {
 		ap, err := netip.ParseAddrPort(address)
 		if err != nil {
@@ -218,17 +294,111 @@ func egressResolver(log *slog.Logger, cfg Config, dialer *hostdial.Client) (egre
 	}}, nil
 }
 
+// prepareSandbox builds the agent confinement for p (agents.prepare),
+// fences the agents' network in fence mode and installs p's network rules
+// in the proxy. A fence that cannot be installed is a confinement error
+// (no agent process starts) when p's landlock compatibility, the policy's
+// one compatibility setting, is hard_requirement; otherwise agents start
+// with the pod's network and the load error says so. Nothing spawns an
+// agent before the first prepareSandbox returns (the SSH server and the
+// main process start after it).
+func prepareSandbox(agents *agentLauncher, e *egressRunner, p *sandboxv1.SandboxPolicy) (confErr, netErr error) {
+	confErr = agents.prepare(p)
+	if conf := agents.confinement(); conf != nil {
+		if err := e.fenceAgents(conf.User); err != nil && conf.HardLandlock {
+			confErr = fmt.Errorf("%w (landlock compatibility is %s)", err, isolation.HardRequirement)
+			agents.refuse(confErr)
+		}
+	}
+	return confErr, e.load(p)
+}
+
+// fenceAgents installs, in fence mode, the nftables fence keeping sockets
+// of u's uid and gid on the proxy; its error wraps errAgentNetworkOpen
+// and is part of every later load and reload error. The agents' identity
+// is fixed at start, so the fence is installed once.
+func (e *egressRunner) fenceAgents(u isolation.User) error {
+	if !e.fenceMode || e.fence != nil || e.fenceErr != nil {
+		return e.fenceErr
+	}
+	e.agent.Store(&u)
+	f, err := nftfence.Install(nftfence.Config{UID: u.UID, GID: u.GID, Proxy: netip.MustParseAddrPort(egressProxyAddr)})
+	if err != nil {
+		e.fenceErr = fmt.Errorf("%w: %w", errAgentNetworkOpen, err)
+		e.log.Error("cannot fence agent processes off the pod's network", "err", err)
+		return e.fenceErr
+	}
+	e.fence = f
+	e.log.Info("agent processes fenced: their only way out is the egress proxy", "table", "inet "+nftfence.TableName, "uid", u.UID, "gid", u.GID, "proxy", egressProxyAddr)
+	return nil
+}
+
+// identifyAs wraps identify for fence mode. There the supervisor has
+// neither CAP_SYS_PTRACE nor CAP_DAC_READ_SEARCH, so /proc/<pid>/fd and
+// /proc/<pid>/exe of agent processes (another uid) are closed to it. The
+// kernel checks both against the caller's filesystem ids, so identify
+// runs on a locked thread whose fsuid and fsgid are the agent's (which
+// CAP_SETUID and CAP_SETGID allow), restored before the thread is
+// released. Processes of other ids stay unreadable: a socket they hold
+// is not identified and the connection is denied.
+func identifyAs(agent *atomic.Pointer[isolation.User], identify func(client, server netip.AddrPort) ([]egress.Caller, error)) func(client, server netip.AddrPort) ([]egress.Caller, error) {
+	return func(client, server netip.AddrPort) ([]egress.Caller, error) {
+		u := agent.Load()
+		if u == nil {
+			return nil, errors.New("the agent's identity is not known yet")
+		}
+		runtime.LockOSThread()
+		err := setFSIDs(int(u.UID), int(u.GID))
+		defer func() {
+			// A thread whose ids cannot be restored stays locked and ends
+			// with its goroutine.
+			if setFSIDs(os.Geteuid(), os.Getegid()) == nil {
+				runtime.UnlockOSThread()
+			}
+		}()
+		if err != nil {
+			return nil, fmt.Errorf("read the caller's /proc entries as uid %d: %w", u.UID, err)
+		}
+		return identify(client, server)
+	}
+}
+
+// setFSIDs sets the calling thread's fsgid and fsuid and checks them
+// (the system calls report no error).
+func setFSIDs(uid, gid int) error {
+	_, _ = unix.SetfsgidRetGid(gid)
+	_, _ = unix.SetfsuidRetUid(uid)
+	cu, _ := unix.SetfsuidRetUid(-1) // -1 changes nothing and returns the current id
+	cg, _ := unix.SetfsgidRetGid(-1)
+	if cu != uid || cg != gid {
+		return fmt.Errorf("filesystem ids are %d/%d, want %d/%d", cu, cg, uid, gid)
+	}
+	return nil
+}
+
+// withFence adds the fence's error, if any, to a load error.
+func (e *egressRunner) withFence(err error) error {
+	switch {
+	case e.fenceErr == nil:
+		return err
+	case err == nil:
+		return e.fenceErr
+	}
+	return fmt.Errorf("%w; %w", e.fenceErr, err)
+}
+
 // load installs the network policy of p for new connections. It returns
-// nil when the proxy enforces every network rule of p, else the reason
-// (reported as the revision's load error).
+// nil when the proxy enforces every network rule of p (and, in fence
+// mode, the fence is installed), else the reason (reported as the
+// revision's load error).
 func (e *egressRunner) load(p *sandboxv1.SandboxPolicy) error {
 	if e.proxy == nil {
-		return e.why
+		return e.withFence(e.why)
 	}
 	snap, err := egress.Compile(p.GetNetworkPolicies())
 	e.proxy.SetSnapshot(snap) // leaves out what is not enforced: fail closed
 	e.logNotes(snap)
-	return err
+	return e.withFence(err)
 }
 
 // logNotes logs what the network rules enforce less than a reader may
@@ -246,20 +416,31 @@ func (e *egressRunner) logNotes(snap *egress.Snapshot) {
 // previous rules stay in force and the reason is returned.
 func (e *egressRunner) reload(p *sandboxv1.SandboxPolicy) error {
 	if e.proxy == nil {
-		return e.why
+		return e.withFence(e.why)
 	}
 	snap, err := egress.Compile(p.GetNetworkPolicies())
 	if err != nil {
-		return fmt.Errorf("%w; the previous network rules stay in force", err)
+		return e.withFence(fmt.Errorf("%w; the previous network rules stay in force", err))
 	}
 	e.proxy.SetSnapshot(snap)
 	e.logNotes(snap)
-	return nil
+	return e.withFence(nil)
 }
 
 func (e *egressRunner) close() {
 	if e.dial != nil {
 		_ = e.dial.Close()
+	}
+}
+
+// removeFence deletes the fence. Serve calls it last, after every agent
+// process it waits for has ended.
+func (e *egressRunner) removeFence(log *slog.Logger) {
+	if e == nil || e.fence == nil {
+		return
+	}
+	if err := e.fence.Remove(); err != nil {
+		log.Warn("cannot remove the nftables fence", "table", nftfence.TableName, "err", err)
 	}
 }
 

@@ -25,7 +25,10 @@ import (
 // (internal/supervisor/egress): netErr is the error of installing them,
 // nil only when the proxy runs and enforces every rule as written. The
 // proxy does not run without a network namespace and host dialer of the
-// sandbox's own; protocol rest endpoints are enforced for plain http://
+// sandbox's own, or in a pod (fence mode) an nftables fence; a fence that
+// cannot be installed (errAgentNetworkOpen) is reported whatever the
+// policy's network rules, since without it not even an empty
+// network_policies (no egress at all) holds. protocol rest endpoints are enforced for plain http://
 // requests and inside CONNECT tunnels (TLS terminated with the sandbox
 // CA; with tls skip the tunnels are relayed uninspected, as in OpenShell,
 // and the policy still counts as enforced); other L7 protocols are not
@@ -35,9 +38,13 @@ func enforcement(p *sandboxv1.SandboxPolicy, confErr, netErr error) error {
 	if confErr != nil {
 		errs = append(errs, fmt.Errorf("agent confinement failed, no agent process starts: %w", confErr))
 	}
-	if n := p.GetNetworkPolicies(); len(n) > 0 && netErr != nil {
+	switch n := p.GetNetworkPolicies(); {
+	case netErr == nil:
+	case len(n) > 0:
 		errs = append(errs, fmt.Errorf("network policies are not enforced as written: %w (rules: %s)",
 			netErr, strings.Join(slices.Sorted(maps.Keys(n)), ", ")))
+	case errors.Is(netErr, errAgentNetworkOpen):
+		errs = append(errs, fmt.Errorf("the policy allows no egress, but this is not enforced: %w", netErr))
 	}
 	if m := p.GetNetworkMiddlewares(); len(m) > 0 {
 		errs = append(errs, fmt.Errorf("network middlewares are not enforced by this supervisor: the egress proxy runs no middlewares (middlewares: %s)",

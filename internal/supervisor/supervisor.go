@@ -97,6 +97,11 @@ type Config struct {
 	// reconnects its host dialer there when the inherited channel breaks
 	// (the gateway restarted). See EnvEgressDialerSocket.
 	EgressDialerSocket string
+	// EgressFence, "nftables" or empty, is the Kubernetes contract: the
+	// supervisor shares the pod's network namespace with the agent, runs
+	// the egress proxy dialing upstream itself, and fences agent
+	// processes off everything else (see EnvEgressFence).
+	EgressFence string
 	// EgressTestHosts is the test-only resolver override of the egress
 	// proxy ("name=ip,..."); see EnvEgressTestHosts.
 	EgressTestHosts string
@@ -158,7 +163,7 @@ const (
 // secretEnv are never passed to processes in the sandbox (the token
 // file's path only tells where the secret is kept).
 // The egress variables are the supervisor's own business as well.
-var secretEnv = []string{EnvToken, EnvTokenFile, EnvTLSKey, EnvEgressDialerFD, EnvEgressDialerSocket, EnvEgressTestHosts, EnvEgressTestCAFile}
+var secretEnv = []string{EnvToken, EnvTokenFile, EnvTLSKey, EnvEgressDialerFD, EnvEgressDialerSocket, EnvEgressTestHosts, EnvEgressTestCAFile, EnvEgressFence}
 
 // ConfigFromEnv builds a Config from OPENSHELL_* variables.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
@@ -179,6 +184,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		Rootfs:         getenv(EnvRootfs),
 		RootfsLayer:    getenv(EnvRootfsLayer),
 
+		EgressFence:      getenv(EnvEgressFence),
 		EgressTestHosts:  getenv(EnvEgressTestHosts),
 		EgressTestCAFile: getenv(EnvEgressTestCAFile),
 	}
@@ -257,6 +263,12 @@ func (c *Config) Validate() error {
 	}
 	if err := checkMetricsListen(c.MetricsListen, c.MetricsAllowRemote); err != nil {
 		return err
+	}
+	switch {
+	case c.EgressFence != "" && c.EgressFence != egressFenceNftables:
+		return fmt.Errorf("%s: %q is not a fence this supervisor installs (only %q)", EnvEgressFence, c.EgressFence, egressFenceNftables)
+	case c.EgressFence != "" && (c.PrivateNetwork || c.EgressDialerFD != 0):
+		return fmt.Errorf("%s is for a supervisor sharing the agent's network namespace; it cannot be combined with %s or %s", EnvEgressFence, EnvPrivateNetwork, EnvEgressDialerFD)
 	}
 	if c.Rootfs != "" && c.RootfsLayer == "" {
 		return fmt.Errorf("%s is required with %s (the image itself is never written)", EnvRootfsLayer, EnvRootfs)
@@ -380,6 +392,9 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	// Close runs after wg.Wait below).
 	procs := newProcTable(cfg.ReapAll)
 	defer procs.Close()
+	// The fence goes last, after everything that waits for an agent.
+	var eg *egressRunner
+	defer func() { eg.removeFence(log) }()
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -420,10 +435,10 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	eg := startEgress(ctx, log.With("component", "egress"), cfg, dialer, &wg)
+	eg = startEgress(ctx, log.With("component", "egress"), cfg, dialer, &wg)
 	defer eg.close()
 	cfg.agentEnv = eg.env
-	prepare := func(p *sandboxv1.SandboxPolicy) (confErr, netErr error) { return agents.prepare(p), eg.load(p) }
+	prepare := func(p *sandboxv1.SandboxPolicy) (confErr, netErr error) { return prepareSandbox(agents, eg, p) }
 	loaded, err := bootstrapConfig(ctx, log.With("component", "config"), client, cfg, prepare)
 	if err != nil {
 		log.Error("giving up on the sandbox configuration", "err", err)
@@ -555,6 +570,9 @@ Compute drivers start it with no arguments and this environment:
   `+EnvPrivateNetwork+`  "true": own network namespace, loopback only (needs a unix:// endpoint)
   `+EnvEgressDialerFD+`  inherited descriptor of the driver's host dialer: with `+EnvPrivateNetwork+`,
                              runs the egress proxy on `+egressProxyAddr+` (see docs/security.md)
+  `+EnvEgressFence+`  "nftables": share the agent's network namespace (a pod); run the egress proxy on
+                             `+egressProxyAddr+` dialing upstream, and fence agent processes off anything else
+                             with an nftables table (needs CAP_NET_ADMIN; see docs/security.md)
   `+EnvEgressTestHosts+`  test only: resolve the proxy's destinations from "name=ip,..." instead of DNS
   `+EnvEgressTestCAFile+`  test only: PEM file of CAs trusted for terminated TLS upstreams besides the system roots
   `+EnvLogLevel+`        log level (trace, debug, info, warn, error)

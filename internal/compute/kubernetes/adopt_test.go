@@ -142,6 +142,12 @@ func TestAdopt(t *testing.T) {
 	if !slices.Equal(agent.Command, []string{"/opt/openshell/bin/openshell-sandbox"}) || len(agent.Args) != 0 {
 		t.Errorf("agent command %q args %q", agent.Command, agent.Args)
 	}
+	// The adopted pod gets the same egress path as a created one: the
+	// supervisor fences agent processes onto its proxy with NET_ADMIN.
+	if sc := agent.SecurityContext; env["OPENSHELL_EGRESS_FENCE"] != "nftables" || sc == nil || sc.Capabilities == nil ||
+		!slices.Equal(sc.Capabilities.Add, []corev1.Capability{"CHOWN", "KILL", "NET_ADMIN", "SETGID", "SETPCAP", "SETUID"}) {
+		t.Errorf("adopted agent OPENSHELL_EGRESS_FENCE %q securityContext %+v, want nftables and NET_ADMIN among the capabilities", env["OPENSHELL_EGRESS_FENCE"], sc)
+	}
 	if len(agent.Ports) != 1 || agent.Ports[0].ContainerPort != 8080 {
 		t.Errorf("agent ports = %+v", agent.Ports)
 	}

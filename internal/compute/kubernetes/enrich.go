@@ -51,12 +51,15 @@ const (
 // supervisorCapabilities are the only capabilities the agent container
 // keeps (every other one is dropped): what the supervisor, PID 1 and root
 // there, needs to start agent processes confined (internal/supervisor/
-// isolation). SETUID and SETGID switch to the agent's user, SETPCAP
-// empties the agent's bounding set, KILL signals agent processes of
-// another uid (stop, exec and SSH signals), CHOWN gives the workspace
-// directory to the agent's user. no_new_privs, seccomp and Landlock need
-// none. Agent processes get none of them. See docs/kubernetes.md.
-var supervisorCapabilities = []string{"CHOWN", "KILL", "SETGID", "SETPCAP", "SETUID"}
+// isolation) and to fence their network. SETUID and SETGID switch to the
+// agent's user, SETPCAP empties the agent's bounding set, KILL signals
+// agent processes of another uid (stop, exec and SSH signals), CHOWN
+// gives the workspace directory to the agent's user, NET_ADMIN installs
+// the nftables fence that leaves agent processes only the egress proxy
+// (envEgressFence, internal/supervisor/nftfence). no_new_privs, seccomp
+// and Landlock need none. Agent processes get none of them. See
+// docs/kubernetes.md.
+var supervisorCapabilities = []string{"CHOWN", "KILL", "NET_ADMIN", "SETGID", "SETPCAP", "SETUID"}
 
 // Environment of the supervisor (see internal/supervisor).
 const (
@@ -71,6 +74,7 @@ const (
 	envTLSCert     = "OPENSHELL_TLS_CERT"
 	envTLSKey      = "OPENSHELL_TLS_KEY"
 	envWorkspace   = "OPENSHELL_WORKSPACE_DIR"
+	envEgressFence = "OPENSHELL_EGRESS_FENCE"
 )
 
 // enrichOptions is what enrich injects into a podTemplate.
@@ -290,6 +294,9 @@ func enrich(podTemplate map[string]any, o enrichOptions) (map[string]any, []stri
 		env = upsertEnv(env, envTTY, "true")
 	}
 	env = upsertEnv(env, envSATokenFile, saTokenPath)
+	// The supervisor shares the pod's network namespace with the agent:
+	// it runs the egress proxy and fences agent processes onto it.
+	env = upsertEnv(env, envEgressFence, "nftables")
 	if o.ClientTLSSecretName != "" {
 		env = upsertEnv(env, envTLSCA, clientTLSDir+"/ca.crt")
 		env = upsertEnv(env, envTLSCert, clientTLSDir+"/tls.crt")

@@ -110,7 +110,7 @@ func TestEnrichMergePreservesUserFields(t *testing.T) {
 		t.Errorf("agent command (-want +got):\n%s", diff)
 	}
 	env := envMap(agent)
-	if env["KEEP"] != "1" || env[envEndpoint] != o.Endpoint || env[envCommand] != `["python","-m","agent"]` || env[envSATokenFile] != saTokenPath {
+	if env["KEEP"] != "1" || env[envEndpoint] != o.Endpoint || env[envCommand] != `["python","-m","agent"]` || env[envSATokenFile] != saTokenPath || env[envEgressFence] != "nftables" {
 		t.Errorf("agent env = %v", env)
 	}
 	if len(list(agent, "ports")) != 1 {
@@ -121,7 +121,7 @@ func TestEnrichMergePreservesUserFields(t *testing.T) {
 	}
 	wantSC := map[string]any{
 		"runAsUser": int64(0), "allowPrivilegeEscalation": false,
-		"capabilities": map[string]any{"drop": []any{"ALL"}, "add": []any{"CHOWN", "KILL", "SETGID", "SETPCAP", "SETUID"}},
+		"capabilities": map[string]any{"drop": []any{"ALL"}, "add": []any{"CHOWN", "KILL", "NET_ADMIN", "SETGID", "SETPCAP", "SETUID"}},
 	}
 	if diff := cmp.Diff(wantSC, agent["securityContext"]); diff != "" {
 		t.Errorf("agent securityContext (-want +got):\n%s", diff)
@@ -227,7 +227,7 @@ func TestEnrichSecurityContextMerge(t *testing.T) {
 	}
 	wantSC := map[string]any{
 		"runAsUser": int64(0), "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
-		"capabilities": map[string]any{"drop": []any{"ALL"}, "add": []any{"CHOWN", "KILL", "SETGID", "SETPCAP", "SETUID"}},
+		"capabilities": map[string]any{"drop": []any{"ALL"}, "add": []any{"CHOWN", "KILL", "NET_ADMIN", "SETGID", "SETPCAP", "SETUID"}},
 	}
 	if diff := cmp.Diff(wantSC, containerByName(t, got, "containers", "a")["securityContext"]); diff != "" {
 		t.Errorf("agent securityContext (-want +got):\n%s", diff)

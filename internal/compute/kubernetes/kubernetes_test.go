@@ -289,6 +289,7 @@ func TestCreateEnrichedPod(t *testing.T) {
 		"OPENSHELL_SANDBOX_COMMAND":   `["sleep","infinity"]`,
 		"OPENSHELL_SANDBOX_TTY":       "true",
 		"OPENSHELL_K8S_SA_TOKEN_FILE": "/var/run/secrets/openshell/token",
+		"OPENSHELL_EGRESS_FENCE":      "nftables",
 		"OPENSHELL_TLS_CA":            "/etc/openshell-tls/client/ca.crt",
 		"OPENSHELL_TLS_CERT":          "/etc/openshell-tls/client/tls.crt",
 		"OPENSHELL_TLS_KEY":           "/etc/openshell-tls/client/tls.key",
@@ -600,8 +601,9 @@ func TestV1alpha1(t *testing.T) {
 // TestPodSecurityContext reads back the pod the real controller creates
 // from the driver's Sandbox (with and without user namespaces): the agent
 // container, where the supervisor runs as PID 1, is root with every
-// capability dropped but the five the supervisor uses to confine agent
-// processes, without privilege escalation; the installer has no
+// capability dropped but the six the supervisor uses to confine agent
+// processes and fence their network (NET_ADMIN, for the nftables fence),
+// without privilege escalation; the installer has no
 // capabilities and a read-only root; the pod runs under the runtime's
 // default seccomp profile. The apiserver's own validation accepts it (the
 // pod exists).
@@ -630,8 +632,11 @@ func TestPodSecurityContext(t *testing.T) {
 			t.Fatalf("userns %v: agent securityContext = %+v, want runAsUser 0, allowPrivilegeEscalation false, capabilities", userns, sc)
 		}
 		if !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
-			!slices.Equal(sc.Capabilities.Add, []corev1.Capability{"CHOWN", "KILL", "SETGID", "SETPCAP", "SETUID"}) {
-			t.Errorf("userns %v: agent capabilities = %+v, want drop ALL, add CHOWN KILL SETGID SETPCAP SETUID", userns, sc.Capabilities)
+			!slices.Equal(sc.Capabilities.Add, []corev1.Capability{"CHOWN", "KILL", "NET_ADMIN", "SETGID", "SETPCAP", "SETUID"}) {
+			t.Errorf("userns %v: agent capabilities = %+v, want drop ALL, add CHOWN KILL NET_ADMIN SETGID SETPCAP SETUID", userns, sc.Capabilities)
+		}
+		if env := envOf(s.Containers[0]); env["OPENSHELL_EGRESS_FENCE"] != "nftables" {
+			t.Errorf("userns %v: agent env OPENSHELL_EGRESS_FENCE = %q, want nftables", userns, env["OPENSHELL_EGRESS_FENCE"])
 		}
 		isc := s.InitContainers[0].SecurityContext
 		if isc == nil || isc.AllowPrivilegeEscalation == nil || *isc.AllowPrivilegeEscalation || isc.ReadOnlyRootFilesystem == nil || !*isc.ReadOnlyRootFilesystem ||
