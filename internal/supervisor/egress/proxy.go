@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -85,6 +86,7 @@ type Event struct {
 type Proxy struct {
 	cfg     Config
 	snap    atomic.Pointer[Snapshot]
+	pool    upPool // idle upstream connections of forwarded http:// requests
 	guard   ssrfGuard
 	Denials *Denials
 
@@ -116,6 +118,7 @@ func (p *Proxy) SetSnapshot(snap *Snapshot) { p.snap.Store(snap) }
 // connections in flight (an idle tunnel would otherwise hold the
 // supervisor's shutdown) and waits for their handlers.
 func (p *Proxy) Serve(ln net.Listener) error {
+	defer p.pool.drain(p.discard)
 	defer p.wg.Wait()
 	defer p.closeAll()
 	var delay time.Duration
@@ -298,11 +301,11 @@ func readRequest(c net.Conn, cr *capReader, br *bufio.Reader, limit int64) (*htt
 // while requests name the same host and port.
 func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http.Request, callers []Caller, idErr error) {
 	var up *upConn
+	clean := false // up is at a message boundary, reusable
 	cw := bufio.NewWriterSize(c, bufSize)
 	defer func() {
 		if up != nil {
-			up.Close()
-			p.untrack(up.Conn)
+			p.release(up, clean)
 		}
 	}()
 	for {
@@ -330,25 +333,22 @@ func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http
 		if !p.resolveCredentials(c, req, decisions, host, port, &ev) {
 			return
 		}
-		if up != nil && (up.host != host || up.port != port || p.recheck(decisions, up.ip) != nil) {
-			// Another destination, or the current policy no longer
-			// admits the address this connection reaches.
-			up.Close()
-			p.untrack(up.Conn)
+		admit := func(u *upConn) bool { return p.recheck(decisions, u.ip) == nil }
+		if up != nil && (up.host != host || up.port != port || !admit(up)) {
+			// Another destination (this one may serve another client),
+			// or the current policy no longer admits its address.
+			p.release(up, clean && admit(up))
 			up = nil
 		}
 		if up == nil {
-			conn, status := p.dial(decisions, host, port, &ev)
-			if conn == nil {
+			up = p.pool.take(host, port, admit, p.discard)
+		}
+		if up == nil {
+			if up, status = p.dialUp(decisions, host, port, &ev); up == nil {
 				p.emit(&ev)
 				writeStatus(c, status, ev.Reason)
 				return
 			}
-			if !p.track(conn) {
-				conn.Close()
-				return
-			}
-			up = newUpstream(conn, host, port, netip.MustParseAddr(ev.IP))
 		} else {
 			ev.IP = up.ip.String()
 			if ev.Decision == "" {
@@ -356,9 +356,22 @@ func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http
 			}
 		}
 		p.emit(&ev)
-		if !forward(c, cw, req, up) {
+		ok, retry := forward(c, cw, req, up, true)
+		if retry {
+			// A reused connection the upstream had closed: once more on a
+			// new one (the request has no body and no side effects).
+			p.discard(up)
+			again := ev
+			if up, status = p.dialUp(decisions, host, port, &again); up == nil {
+				writeStatus(c, status, again.Reason)
+				return
+			}
+			ok, _ = forward(c, cw, req, up, false)
+		}
+		if clean = ok; !ok {
 			return
 		}
+		up.reused = true
 		req, status, _ = readRequest(c, cr, br, httpHeaderLimit)
 		if req == nil {
 			if status != 0 {
@@ -367,6 +380,37 @@ func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http
 			return
 		}
 	}
+}
+
+// dialUp dials a checked address for host:port (see dial) and tracks the
+// connection; nil and the status to answer when that fails, with ev's
+// decision and reason set.
+func (p *Proxy) dialUp(decisions []Decision, host string, port uint32, ev *Event) (*upConn, int) {
+	conn, status := p.dial(decisions, host, port, ev)
+	if conn == nil {
+		return nil, status
+	}
+	if !p.track(conn) {
+		conn.Close()
+		ev.Reason = "the proxy is shutting down"
+		return nil, http.StatusServiceUnavailable
+	}
+	return newUpstream(conn, host, port, netip.MustParseAddr(ev.IP)), 0
+}
+
+// release returns u to the pool when reusable (at a message boundary) and
+// the pool has room, else closes it.
+func (p *Proxy) release(u *upConn, reusable bool) {
+	if reusable && p.pool.put(u) {
+		return
+	}
+	p.discard(u)
+}
+
+// discard closes u.
+func (p *Proxy) discard(u *upConn) {
+	u.Close()
+	p.untrack(u.Conn)
 }
 
 // upConn is a connection to a checked destination with its buffers,
@@ -378,6 +422,10 @@ type upConn struct {
 	host string
 	port uint32
 	ip   netip.Addr // the checked address dialed
+	// reused: it has carried a whole exchange already (so the upstream
+	// may have closed it since); idleSince: when it entered the pool.
+	reused    bool
+	idleSince time.Time
 }
 
 func newUpstream(c net.Conn, host string, port uint32, ip netip.Addr) *upConn {
@@ -627,7 +675,7 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 // relays the response. It reports whether the client connection may carry
 // another request (neither side asked to close and both messages ended
 // cleanly).
-func forward(c net.Conn, cw *bufio.Writer, req *http.Request, up *upConn) bool {
+func forward(c net.Conn, cw *bufio.Writer, req *http.Request, up *upConn, canRetry bool) (ok, retry bool) {
 	for _, h := range req.Header.Values("Connection") {
 		for _, name := range strings.Split(h, ",") {
 			req.Header.Del(strings.TrimSpace(name))
@@ -642,7 +690,14 @@ func forward(c net.Conn, cw *bufio.Writer, req *http.Request, up *upConn) bool {
 	req.RequestURI = ""
 	writeDone := writeRequest(c, req, up)
 	upBR := up.br
-	resp, err := http.ReadResponse(upBR, req)
+	// The first byte is awaited apart: an end of stream before it (the
+	// upstream closed a reused connection) is told from a broken answer
+	// (ReadResponse reports both as io.ErrUnexpectedEOF).
+	var resp *http.Response
+	_, err := upBR.Peek(1)
+	if err == nil {
+		resp, err = http.ReadResponse(upBR, req)
+	}
 	// Interim responses (100 Continue, 103 Early Hints) are relayed and
 	// the final one follows.
 	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
@@ -652,17 +707,22 @@ func forward(c net.Conn, cw *bufio.Writer, req *http.Request, up *upConn) bool {
 		resp, err = http.ReadResponse(upBR, req)
 	}
 	if err != nil {
-		writeStatus(c, http.StatusBadGateway, "no valid upstream response")
 		_ = up.Close() // unblocks the writer
 		writeDone()
-		return false
+		if canRetry && up.reused && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) && replayable(req) {
+			// The upstream closed the reused connection without a byte
+			// of answer, or reset it: nothing reached the client yet.
+			return false, true
+		}
+		writeStatus(c, http.StatusBadGateway, "no valid upstream response")
+		return false, false
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// Upgrade was removed from the request: a switch is not relayed.
 		writeStatus(c, http.StatusBadGateway, "upstream switched protocols")
 		writeDone()
-		return false
+		return false, false
 	}
 	// The header goes out in one write; the body is flushed before every
 	// read that would wait for upstream, so a streamed response is not
@@ -674,12 +734,12 @@ func forward(c net.Conn, cw *bufio.Writer, req *http.Request, up *upConn) bool {
 	// the body's Read flushes it.)
 	if err := resp.Write(struct{ io.Writer }{bw}); err != nil || bw.Flush() != nil {
 		writeDone()
-		return false
+		return false, false
 	}
 	if !writeDone() {
-		return false
+		return false, false
 	}
-	return !req.Close && !resp.Close
+	return !req.Close && !resp.Close, false
 }
 
 // writeRequest sends req upstream and returns the function that waits

@@ -241,7 +241,7 @@ func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, decis
 			ev.Decision = "allow"
 		}
 		p.emit(&ev)
-		if !forward(client, cw, req, upc) {
+		if ok, _ := forward(client, cw, req, upc, false); !ok {
 			return
 		}
 	}

@@ -1,0 +1,165 @@
+package egress
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// closingUpstream answers every request with 200 "ok" and then closes the
+// connection without saying so (as a server ending an idle keep-alive
+// connection does); it counts the connections it accepted.
+func closingUpstream(t *testing.T) (port uint32, conns *atomic.Int32) {
+	t.Helper()
+	conns = &atomic.Int32{}
+	ln := loopbackServer(t, func(c net.Conn) {
+		conns.Add(1)
+		go func() {
+			defer c.Close()
+			req, err := http.ReadRequest(bufio.NewReader(c))
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, req.Body)
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}()
+	})
+	return uint32(ln.Addr().(*net.TCPAddr).Port), conns
+}
+
+// countingUpstream is a keep-alive HTTP server counting its connections.
+func countingUpstream(t *testing.T) (port uint32, conns *atomic.Int32) {
+	t.Helper()
+	conns = &atomic.Int32{}
+	ln := loopbackServer(t, func(c net.Conn) {
+		conns.Add(1)
+		go func() {
+			defer c.Close()
+			br := bufio.NewReader(c)
+			for {
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, req.Body)
+				if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"); err != nil {
+					return
+				}
+			}
+		}()
+	})
+	return uint32(ln.Addr().(*net.TCPAddr).Port), conns
+}
+
+// waitPooled waits until the proxy's pool holds n connections.
+func waitPooled(t *testing.T, p *Proxy, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p.pool.mu.Lock()
+		got := p.pool.n
+		p.pool.mu.Unlock()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool holds %d connections, want %d", got, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Upstream connections of forwarded http:// requests outlive their client
+// connection: the next client to the same destination reuses one.
+func TestProxyPoolsUpstreamConnections(t *testing.T) {
+	port, conns := countingUpstream(t)
+	tp := startProxy(t, Config{Resolver: loopbackResolver("allowed.test"), Identify: fixedCaller("/usr/bin/curl")}, curlRules(port, "127.0.0.1"))
+	target := fmt.Sprintf("http://allowed.test:%d/x", port)
+	for i := range 3 {
+		rc := dialProxy(t, tp)
+		if r, body := rc.do(t, "GET", target, ""); r.StatusCode != 200 || body != "hello" {
+			t.Fatalf("client %d: %d %q", i, r.StatusCode, body)
+		}
+		rc.c.Close()
+		waitPooled(t, tp.proxy, 1)
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("upstream accepted %d connections for 3 clients, want 1 (pooled)", n)
+	}
+	if ev := tp.events.last(t); ev.Decision != "allow" || ev.IP != "127.0.0.1" {
+		t.Errorf("event of a pooled request = %+v, want allow with the address", ev)
+	}
+}
+
+// A pooled connection is taken only when the current policy admits the
+// address it reaches.
+func TestProxyPoolFollowsReload(t *testing.T) {
+	port, _ := countingUpstream(t)
+	tp := startProxy(t, Config{Resolver: loopbackResolver("allowed.test"), Identify: fixedCaller("/usr/bin/curl")}, curlRules(port, "127.0.0.1"))
+	target := fmt.Sprintf("http://allowed.test:%d/x", port)
+	rc := dialProxy(t, tp)
+	if r, _ := rc.do(t, "GET", target, ""); r.StatusCode != 200 {
+		t.Fatalf("first client: %d", r.StatusCode)
+	}
+	rc.c.Close()
+	waitPooled(t, tp.proxy, 1)
+	tp.proxy.SetSnapshot(mustCompile(t, curlRules(port))) // loopback no longer in allowed_ips
+	rc = dialProxy(t, tp)
+	if r, body := rc.do(t, "GET", target, ""); r.StatusCode != http.StatusForbidden {
+		t.Errorf("after the reload: %d %q, want 403", r.StatusCode, body)
+	}
+	waitPooled(t, tp.proxy, 0)
+}
+
+// An upstream that closed a kept-alive connection gets a replayable
+// request again on a new connection (no 502); a POST is not replayed.
+func TestProxyRetriesClosedUpstream(t *testing.T) {
+	port, conns := closingUpstream(t)
+	tp := startProxy(t, Config{Resolver: loopbackResolver("allowed.test"), Identify: fixedCaller("/usr/bin/curl")}, curlRules(port, "127.0.0.1"))
+	target := fmt.Sprintf("http://allowed.test:%d/x", port)
+	rc := dialProxy(t, tp)
+	for i := range 3 {
+		if r, body := rc.do(t, "GET", target, ""); r.StatusCode != 200 || body != "ok" {
+			t.Fatalf("GET %d on one client connection: %d %q, want 200 (retried on a new upstream connection)", i, r.StatusCode, body)
+		}
+	}
+	if n := conns.Load(); n != 3 {
+		t.Errorf("upstream accepted %d connections, want 3", n)
+	}
+	if r, body := rc.do(t, "POST", target, "data"); r.StatusCode != http.StatusBadGateway || !strings.Contains(body, "no valid upstream response") {
+		t.Errorf("POST on a closed upstream connection: %d %q, want 502 (not replayed)", r.StatusCode, body)
+	}
+}
+
+// The pool is bounded per destination and drops connections idle longer
+// than idleTimeout.
+func TestUpPoolBoundsAndExpiry(t *testing.T) {
+	now := time.Unix(1000, 0)
+	p := &upPool{now: func() time.Time { return now }}
+	conn := func() *upConn {
+		a, b := net.Pipe()
+		t.Cleanup(func() { a.Close(); b.Close() })
+		return newUpstream(a, "h", 80, netip.MustParseAddr("192.0.2.1"))
+	}
+	kept := 0
+	for range maxIdlePerDest + 2 {
+		if p.put(conn()) {
+			kept++
+		}
+	}
+	if kept != maxIdlePerDest {
+		t.Errorf("put kept %d connections for one destination, want %d", kept, maxIdlePerDest)
+	}
+	now = now.Add(idleTimeout + time.Second)
+	dropped := 0
+	if u := p.take("h", 80, func(*upConn) bool { return true }, func(*upConn) { dropped++ }); u != nil || dropped != maxIdlePerDest {
+		t.Errorf("take after the idle timeout = %v, dropped %d; want nil and %d dropped", u, dropped, maxIdlePerDest)
+	}
+}
