@@ -3,6 +3,8 @@ package gatewaytest
 import (
 	"context"
 	"fmt"
+	"net"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -12,7 +14,9 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/volume"
 	"github.com/docker/docker/client"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
@@ -215,5 +219,82 @@ func TestDockerGatewayKillReattaches(t *testing.T) {
 		if cs, vs := dockerObjects(t, cli, id); len(cs) != 0 || len(vs) != 0 {
 			t.Errorf("after delete of %s: containers %+v volumes %+v", id, cs, vs)
 		}
+	}
+}
+
+// TestDockerPullFailureInEvents: a create naming an image that is absent
+// and cannot be pulled succeeds, and the sandbox's event stream carries
+// the pull failure naming the image; the sandbox goes to ERROR with it.
+func TestDockerPullFailureInEvents(t *testing.T) {
+	g, cli, _ := dockerGateway(t, Options{})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := ln.Addr().String() + "/openshell/absent:1" // a registry nothing serves
+	ln.Close()
+	sb := createDocker(ctx, t, c, "unpullable", img)
+	id := sb.GetMetadata().GetId()
+	stream, err := c.WatchSandbox(ctx, &openshellv1.WatchSandboxRequest{Id: id, FollowEvents: true, FollowStatus: true, EventTail: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var warned bool
+	for !warned {
+		ev, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("watch ended before the pull failure: %v", err)
+		}
+		if p := ev.GetEvent(); p != nil && p.GetReason() == "ErrImagePull" {
+			if p.GetType() != "Warning" || !strings.Contains(p.GetMessage(), img) {
+				t.Errorf("pull failure event = %v, want a warning naming %s", p, img)
+			}
+			warned = true
+		}
+	}
+	got := WaitPhase(ctx, t, c, "unpullable", openshellv1.SandboxPhase_SANDBOX_PHASE_ERROR, 60*time.Second)
+	var cond *openshellv1.SandboxCondition
+	for _, c := range got.GetStatus().GetConditions() {
+		if c.GetType() == "Ready" {
+			cond = c
+		}
+	}
+	if cond.GetReason() != "ErrImagePull" || !strings.Contains(cond.GetMessage(), img) {
+		t.Errorf("Ready condition = %v, want ErrImagePull naming %s", cond, img)
+	}
+	if cs, vs := dockerObjects(t, cli, id); len(cs) != 0 || len(vs) != 0 {
+		t.Errorf("docker objects of an unpulled sandbox: %+v %+v", cs, vs)
+	}
+	if _, err := c.DeleteSandbox(ctx, &openshellv1.DeleteSandboxRequest{Name: "unpullable"}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(ctx, t, c, "unpullable")
+}
+
+// TestDockerCallbackSocket: the socket bind-mounted into containers
+// serves sandbox RPCs only (a user RPC is refused even from the host), and
+// the agent in the container cannot even reach its directory.
+func TestDockerCallbackSocket(t *testing.T) {
+	g, _, img := dockerGateway(t, Options{})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	id := createDocker(ctx, t, c, "caller", img).GetMetadata().GetId()
+	WaitPhase(ctx, t, c, "caller", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 60*time.Second)
+	out, errOut, code, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"ls", docker.CallbackDir}})
+	if err != nil || code == 0 {
+		t.Errorf("agent listed the callback socket directory: %q %q exit %d %v", out, errOut, code, err)
+	}
+	conn, err := grpc.NewClient("unix://"+filepath.Join(g.StateDir, "run", "gateway.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, err = openshellv1.NewOpenShellClient(conn).ListSandboxes(ctx, &openshellv1.ListSandboxesRequest{})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Errorf("ListSandboxes on the callback socket = %v, want PermissionDenied", err)
 	}
 }

@@ -64,8 +64,9 @@
 // starts the container before it returns. With one, Create returns once
 // the sandbox is recorded as pulling (Ready=False/Pulling, in memory only):
 // the pull's progress is a stream of platform events, and a failure leaves
-// the sandbox at Ready=False/ImagePullFailed with a warning event naming
-// the image and the Engine's error, until it is deleted. A gateway that
+// the sandbox at Ready=False/ErrImagePull (Kubernetes' reason, which the
+// gateway turns into phase ERROR) with a warning event naming the image
+// and the Engine's error, until it is deleted. A gateway that
 // dies during a pull loses the pull; the gateway then removes the
 // sandbox, whose create never finished.
 //

@@ -52,7 +52,7 @@ func (d *Driver) startPull(p plan) error {
 
 // pullAndCreate pulls the image, reporting progress as platform events,
 // then creates the container. A failure stays on the sandbox
-// (Ready=False/ImagePullFailed or CreateFailed) until it is deleted.
+// (Ready=False/ErrImagePull or CreateContainerError) until it is deleted.
 func (d *Driver) pullAndCreate(ctx context.Context, pd *pending) {
 	id, img := pd.plan.sb.ID, pd.plan.image
 	d.platform(id, "Normal", "Pulling", "pulling image "+img, nil)
@@ -62,7 +62,7 @@ func (d *Driver) pullAndCreate(ctx context.Context, pd *pending) {
 	}
 	if err != nil {
 		d.logger.Warn("image pull failed", "sandbox_id", id, "image", img, "error", err)
-		d.fail(pd, "ImagePullFailed", fmt.Sprintf("pull image %q: %v", img, err))
+		d.fail(pd, "ErrImagePull", fmt.Sprintf("pull image %q: %v", img, err))
 		return
 	}
 	d.platform(id, "Normal", "Pulled", "pulled image "+img, nil)
@@ -78,7 +78,7 @@ func (d *Driver) pullAndCreate(ctx context.Context, pd *pending) {
 		if ctx.Err() != nil {
 			return
 		}
-		d.fail(pd, "CreateFailed", err.Error())
+		d.fail(pd, "CreateContainerError", err.Error())
 		return
 	}
 	d.mu.Lock()

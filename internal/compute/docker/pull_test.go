@@ -29,7 +29,7 @@ func unreachableImage(t *testing.T) string {
 }
 
 // TestPullFailureIsReported: an image that is absent and cannot be pulled
-// leaves the sandbox reported with Ready=False/ImagePullFailed and a
+// leaves the sandbox reported with Ready=False/ErrImagePull and a
 // warning event naming the image, until it is deleted.
 func TestPullFailureIsReported(t *testing.T) {
 	e := newEnv(t)
@@ -57,14 +57,14 @@ func TestPullFailureIsReported(t *testing.T) {
 			}
 			switch ev.Kind {
 			case compute.EventPlatform:
-				if ev.Platform.Type == "Warning" && ev.Platform.Reason == "ImagePullFailed" {
+				if ev.Platform.Type == "Warning" && ev.Platform.Reason == "ErrImagePull" {
 					if !strings.Contains(ev.Platform.Message, img) {
 						t.Errorf("pull failure message %q does not name %s", ev.Platform.Message, img)
 					}
 					warned = true
 				}
 			case compute.EventSandbox:
-				if c, _ := computetest.Cond(ev.Sandbox, compute.ConditionReady); c.Reason == "ImagePullFailed" && c.Status == "False" {
+				if c, _ := computetest.Cond(ev.Sandbox, compute.ConditionReady); c.Reason == "ErrImagePull" && c.Status == "False" {
 					failed = true
 				}
 			}
@@ -73,8 +73,8 @@ func TestPullFailureIsReported(t *testing.T) {
 		}
 	}
 	got, err := d.Get(t.Context(), compute.Ref{Name: sb.Name})
-	if c, _ := computetest.Cond(got, compute.ConditionReady); err != nil || c.Reason != "ImagePullFailed" {
-		t.Errorf("Get after failed pull = %+v, %v, want ImagePullFailed", got.Status, err)
+	if c, _ := computetest.Cond(got, compute.ConditionReady); err != nil || c.Reason != "ErrImagePull" {
+		t.Errorf("Get after failed pull = %+v, %v, want ErrImagePull", got.Status, err)
 	}
 	dup := goodSandbox(sb.ID, computetest.NewName())
 	if err := d.Create(t.Context(), dup); !errors.Is(err, errdefs.ErrAlreadyExists) {
