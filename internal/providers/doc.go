@@ -10,6 +10,11 @@
 // associated data "<provider id>/<key>". Values leave the store only
 // through Resolve, which refuses expired credentials.
 //
+// User provider profiles (userprofiles.go) are stored as object type
+// "provider_profile" in their scope: workspace "" for platform profiles, a
+// workspace's name for its own; a provider's type resolves to a built-in,
+// then its workspace's, then a platform profile.
+//
 // Store is safe for concurrent use; every write is conditional on the
 // resource version read (CAS), conflicts are *store.ConflictError
 // (Aborted).

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/credentials"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/providers/profiles"
@@ -109,14 +110,19 @@ func (s *Store) Create(ctx context.Context, workspace string, p *datamodelv1.Pro
 	if err := validateNew(p, workspace); err != nil {
 		return nil, err
 	}
-	prof, ok := s.o.Catalog.Get(p.GetType())
+	// A built-in profile, else the workspace's own, else a platform one;
+	// profile_workspace set to the workspace asks for the workspace's own.
+	prof, scope, ok, err := s.lookupProfile(ctx, workspace, p.GetType(), p.GetProfileWorkspace() != "")
+	if err != nil {
+		return nil, err
+	}
 	if !ok {
 		return nil, errdefs.InvalidArgument(fmt.Sprintf("unsupported provider type: %s", p.GetType()))
 	}
-	if len(p.GetCredentials()) == 0 && !s.o.Catalog.AllowsEmptyCredentials(p.GetType()) {
+	if len(p.GetCredentials()) == 0 && !s.allowsEmptyCredentials(prof) {
 		return nil, errdefs.InvalidArgument("provider.credentials must not be empty")
 	}
-	p.Type = prof.GetId()
+	p.Type, p.ProfileWorkspace = prof.GetId(), scope
 	p.Metadata.Id = uuid.NewString()
 	p.Metadata.Workspace = workspace
 	p.Metadata.ResourceVersion = 0
@@ -134,6 +140,20 @@ func (s *Store) Create(ctx context.Context, workspace string, p *datamodelv1.Pro
 	p.Metadata.ResourceVersion = res.ResourceVersion
 	p.Metadata.CreatedAtMs = res.CreatedAtMs
 	return Redact(p), nil
+}
+
+// allowsEmptyCredentials: as OpenShell, only a profile none of whose
+// credentials is required, and not a type without a profile file.
+func (s *Store) allowsEmptyCredentials(prof *openshellv1.ProviderProfile) bool {
+	if s.o.Catalog.Bare(prof.GetId()) {
+		return false
+	}
+	for _, c := range prof.GetCredentials() {
+		if c.GetRequired() {
+			return false
+		}
+	}
+	return true
 }
 
 // Get returns the stored provider name of workspace, sealed (not
@@ -171,10 +191,8 @@ func (s *Store) Update(ctx context.Context, workspace string, upd *datamodelv1.P
 	if err != nil {
 		return nil, err
 	}
-	if t := upd.GetType(); t != "" {
-		if p, ok := s.o.Catalog.Get(t); !ok || p.GetId() != cur.GetType() {
-			return nil, errdefs.InvalidArgument("provider type cannot be changed; delete and recreate the provider")
-		}
+	if t := upd.GetType(); t != "" && NormalizeProfileID(t) != cur.GetType() {
+		return nil, errdefs.InvalidArgument("provider type cannot be changed; delete and recreate the provider")
 	}
 	if pw := upd.GetProfileWorkspace(); pw != "" && pw != cur.GetProfileWorkspace() {
 		return nil, errdefs.InvalidArgument("profile_workspace cannot be changed; delete and recreate the provider")
@@ -267,13 +285,19 @@ func (s *Store) Delete(ctx context.Context, workspace, name string, inUse func(c
 		slices.Sort(users)
 		return false, errdefs.FailedPrecondition(fmt.Sprintf("provider '%s' is attached to sandbox(es): %s", name, strings.Join(users, ", ")))
 	}
-	err = s.o.Objects.DeleteIf(ctx, store.TypeProvider, cur.GetMetadata().GetId(), cur.GetMetadata().GetResourceVersion())
+	return s.deleteAt(ctx, store.TypeProvider, cur.GetMetadata(), fmt.Sprintf("provider '%s'", name))
+}
+
+// deleteAt removes the object of objType described by m at m's version:
+// one already gone is (false, nil), another version Aborted naming what.
+func (s *Store) deleteAt(ctx context.Context, objType string, m *datamodelv1.ObjectMeta, what string) (bool, error) {
+	err := s.o.Objects.DeleteIf(ctx, objType, m.GetId(), m.GetResourceVersion())
 	var ce *store.ConflictError
 	switch {
 	case errors.As(err, &ce) && ce.Gone, errors.Is(err, errdefs.ErrNotFound):
 		return false, nil
 	case errors.As(err, &ce):
-		return false, fmt.Errorf("provider '%s' was modified concurrently (current resource_version: %d): %w", name, ce.Current, errdefs.ErrConflict)
+		return false, fmt.Errorf("%s was modified concurrently (current resource_version: %d): %w", what, ce.Current, errdefs.ErrConflict)
 	case err != nil:
 		return false, err
 	}

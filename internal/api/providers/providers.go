@@ -1,12 +1,14 @@
 // Package providers implements the provider RPCs of openshell.v1.OpenShell:
-// provider CRUD (Create/Get/List/Update/DeleteProvider), the built-in
-// profile catalog (ListProviderProfiles, GetProviderProfile), sandbox
-// attachments (List/Attach/DetachSandboxProvider) and the provider
-// environment a sandbox's supervisor reads (GetSandboxProviderEnvironment).
+// provider CRUD (Create/Get/List/Update/DeleteProvider), provider profiles
+// (the built-in catalog plus user profiles: List/Get/Import/Update/Lint/
+// DeleteProviderProfile, profiles.go), sandbox attachments
+// (List/Attach/DetachSandboxProvider) and the provider environment a
+// sandbox's supervisor reads (GetSandboxProviderEnvironment).
 //
 // Authorization: provider reads need the user role in the workspace,
 // writes the admin role (the server's per-RPC rule), and here membership
-// of the named workspace; attachments need the user role like other
+// of the named workspace; profile writes in the platform scope (workspace
+// "") need a platform admin; attachments need the user role like other
 // sandbox writes; the environment is served to the sandbox's own
 // supervisor only.
 //
@@ -17,8 +19,7 @@
 // placeholders and resolves them in its egress proxy. Error texts never
 // name a value.
 //
-// Not implemented here (they answer Unimplemented): user profiles
-// (Import/Update/Lint/DeleteProviderProfile) and the refresh RPCs.
+// Not implemented here (they answer Unimplemented): the refresh RPCs.
 package providers
 
 import (
@@ -29,8 +30,6 @@ import (
 	"maps"
 	"slices"
 	"strconv"
-
-	"google.golang.org/protobuf/proto"
 
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
@@ -187,37 +186,6 @@ func (s *Service) sandboxesUsing(ctx context.Context, ws, provider string) ([]st
 		}
 		offset += len(page)
 	}
-}
-
-// ListProviderProfiles lists the built-in profiles.
-func (s *Service) ListProviderProfiles(ctx context.Context, req *openshellv1.ListProviderProfilesRequest) (*openshellv1.ListProviderProfilesResponse, error) {
-	if err := s.o.Authz.Workspace(ctx, req.GetWorkspace(), roleUser); err != nil {
-		return nil, err
-	}
-	ids := s.o.Providers.Catalog().IDs()
-	off := min(int(req.GetOffset()), len(ids))
-	end := min(off+store.Limit(int(req.GetLimit())), len(ids))
-	resp := &openshellv1.ListProviderProfilesResponse{}
-	for _, id := range ids[off:end] {
-		p, _ := s.o.Providers.Catalog().Get(id)
-		resp.Profiles = append(resp.Profiles, proto.Clone(p).(*openshellv1.ProviderProfile))
-	}
-	return resp, nil
-}
-
-// GetProviderProfile returns one built-in profile.
-func (s *Service) GetProviderProfile(ctx context.Context, req *openshellv1.GetProviderProfileRequest) (*openshellv1.ProviderProfileResponse, error) {
-	if err := s.o.Authz.Workspace(ctx, req.GetWorkspace(), roleUser); err != nil {
-		return nil, err
-	}
-	if req.GetId() == "" {
-		return nil, errdefs.InvalidArgument("id is required")
-	}
-	p, ok := s.o.Providers.Catalog().Get(req.GetId())
-	if !ok {
-		return nil, errdefs.NotFound(fmt.Sprintf("provider profile '%s' not found", req.GetId()))
-	}
-	return &openshellv1.ProviderProfileResponse{Profile: proto.Clone(p).(*openshellv1.ProviderProfile)}, nil
 }
 
 // ListSandboxProviders lists the providers attached to a sandbox,
@@ -390,7 +358,10 @@ func (s *Service) GetSandboxProviderEnvironment(ctx context.Context, req *opensh
 	for _, p := range ps {
 		m := p.GetMetadata()
 		_, _ = h.Write([]byte(m.GetId() + "@" + strconv.FormatUint(m.GetResourceVersion(), 10) + ";"))
-		endpoints := s.bindingEndpoints(p)
+		endpoints, err := s.bindingEndpoints(ctx, p)
+		if err != nil {
+			return nil, err
+		}
 		if !req.GetSupportsStaticCredentialBindings() || len(endpoints) == 0 {
 			continue
 		}
@@ -420,12 +391,12 @@ func (s *Service) GetSandboxProviderEnvironment(ctx context.Context, req *opensh
 	return resp, nil
 }
 
-// bindingEndpoints are the endpoints of p's profile, one per port, where
-// p's credentials may be sent.
-func (s *Service) bindingEndpoints(p *datamodelv1.Provider) []*openshellv1.StaticCredentialEndpointBinding {
-	prof, ok := s.o.Providers.Catalog().Get(p.GetType())
-	if !ok {
-		return nil
+// bindingEndpoints are the endpoints of p's profile (built-in or user),
+// one per port, where p's credentials may be sent.
+func (s *Service) bindingEndpoints(ctx context.Context, p *datamodelv1.Provider) ([]*openshellv1.StaticCredentialEndpointBinding, error) {
+	prof, ok, err := s.o.Providers.ProfileOf(ctx, p)
+	if err != nil || !ok {
+		return nil, err
 	}
 	var out []*openshellv1.StaticCredentialEndpointBinding
 	for _, e := range prof.GetEndpoints() {
@@ -437,5 +408,5 @@ func (s *Service) bindingEndpoints(p *datamodelv1.Provider) []*openshellv1.Stati
 			out = append(out, &openshellv1.StaticCredentialEndpointBinding{Host: e.GetHost(), Port: port, Path: e.GetPath()})
 		}
 	}
-	return out
+	return out, nil
 }

@@ -185,6 +185,13 @@ func (c *Catalog) Get(providerType string) (*openshellv1.ProviderProfile, bool) 
 	return p, ok
 }
 
+// Bare reports whether providerType is a type OpenShell accepts without a
+// profile file (no endpoints, no binaries).
+func (c *Catalog) Bare(providerType string) bool {
+	p, ok := c.Get(providerType)
+	return ok && c.bare[p.GetId()]
+}
+
 // IDs returns the profile ids in sorted order.
 func (c *Catalog) IDs() []string { return slices.Clone(c.ids) }
 
