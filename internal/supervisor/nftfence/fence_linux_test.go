@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -216,6 +217,10 @@ func TestFenceInNetns(t *testing.T) {
 		}
 	})
 
+	t.Run("a peer in another network namespace", func(t *testing.T) {
+		testOutsidePeer(t, exe)
+	})
+
 	t.Run("install without CAP_NET_ADMIN", func(t *testing.T) {
 		ok, out := probe(t, exe, &syscall.Credential{Uid: agentID, Gid: agentID}, "install")
 		if ok || !strings.Contains(out, "CAP_NET_ADMIN") {
@@ -385,9 +390,17 @@ func startProxy(t *testing.T, port int) {
 // whether it worked and its report.
 func probe(t *testing.T, exe string, cred *syscall.Credential, args ...string) (bool, string) {
 	t.Helper()
+	return probeVia(t, nil, exe, cred, args...)
+}
+
+// probeVia is probe with argv prefixed by via (nsenter into another
+// namespace, say).
+func probeVia(t *testing.T, via []string, exe string, cred *syscall.Credential, args ...string) (bool, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, exe, args...)
+	argv := append(append(append([]string{}, via...), exe), args...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = []string{roleEnv + "=probe"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.CombinedOutput()
@@ -402,9 +415,27 @@ func probe(t *testing.T, exe string, cred *syscall.Credential, args ...string) (
 // the loopback port it listens on.
 func startEchoProbe(t *testing.T, exe string) (*exec.Cmd, string) {
 	t.Helper()
-	cmd := exec.CommandContext(t.Context(), exe, "echo")
+	return startListener(t, exe, &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: agentID, Gid: agentID}, Pdeathsig: syscall.SIGKILL}, "echo")
+}
+
+// startServer starts the serve probe on addr with attr, stopped when the
+// test ends, and returns the port it listens on.
+func startServer(t *testing.T, exe string, attr *syscall.SysProcAttr, addr string) (*exec.Cmd, string) {
+	t.Helper()
+	cmd, port := startListener(t, exe, attr, "serve", addr)
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return cmd, port
+}
+
+// startListener starts a probe that prints "listening PORT" first.
+func startListener(t *testing.T, exe string, attr *syscall.SysProcAttr, args ...string) (*exec.Cmd, string) {
+	t.Helper()
+	cmd := exec.Command(exe, args...)
 	cmd.Env = []string{roleEnv + "=probe"}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: agentID, Gid: agentID}, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = attr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -414,11 +445,11 @@ func startEchoProbe(t *testing.T, exe string) (*exec.Cmd, string) {
 	}
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
-		t.Fatalf("echo probe: %v", err)
+		t.Fatalf("%v probe: %v", args, err)
 	}
 	port, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
 	if !ok {
-		t.Fatalf("echo probe said %q", line)
+		t.Fatalf("%v probe said %q", args, line)
 	}
 	return cmd, port
 }
@@ -429,8 +460,15 @@ func probeMain(args []string) int {
 		fmt.Println("failed: no probe")
 		return 2
 	}
-	if args[0] == "echo" {
+	switch args[0] {
+	case "echo":
 		return echoOnce()
+	case "serve":
+		if len(args) != 2 {
+			fmt.Println("failed: serve ADDR")
+			return 2
+		}
+		return serve(args[1])
 	}
 	var target string
 	if len(args) > 1 {
@@ -537,6 +575,24 @@ func icmpEcho(target string) (string, error) {
 	return "echo reply", nil
 }
 
+// serve listens on addr, prints the port, and accepts connections (closing
+// each) until it is killed.
+func serve(addr string) int {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		fmt.Printf("failed: %v\n", err)
+		return 1
+	}
+	fmt.Printf("listening %d\n", ln.Addr().(*net.TCPAddr).Port)
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return 1
+		}
+		c.Close()
+	}
+}
+
 // echoOnce listens on loopback, prints the port, and echoes one line of
 // one connection.
 func echoOnce() int {
@@ -561,4 +617,52 @@ func echoOnce() int {
 		return 1
 	}
 	return 0
+}
+
+// testOutsidePeer links the test's namespace to a peer namespace with a
+// veth pair (10.77.0.1 here, 10.77.0.2 there), as a pod is linked to the
+// rest of the cluster. The fenced uid can neither connect to a server of
+// the peer nor answer the peer's connection to its own listener; root
+// (not fenced) can do both.
+func testOutsidePeer(t *testing.T, exe string) {
+	ip, err := exec.LookPath("ip")
+	if err != nil {
+		skipOrFail(t, "needs ip (iproute2) to create a veth pair: %v", err)
+	}
+	nsenter, err := exec.LookPath("nsenter")
+	if err != nil {
+		skipOrFail(t, "needs nsenter (util-linux) to run in the peer namespace: %v", err)
+	}
+	// The peer's server runs in a network namespace of its own.
+	peer, peerPort := startServer(t, exe, &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}, "0.0.0.0:0")
+	inPeer := []string{nsenter, "--net=/proc/" + strconv.Itoa(peer.Process.Pid) + "/ns/net"}
+	for _, argv := range [][]string{
+		{ip, "link", "add", "fence-v0", "type", "veth", "peer", "name", "fence-v1", "netns", strconv.Itoa(peer.Process.Pid)},
+		{ip, "addr", "add", "10.77.0.1/24", "dev", "fence-v0"},
+		{ip, "link", "set", "fence-v0", "up"},
+		append(slices.Clone(inPeer), ip, "addr", "add", "10.77.0.2/24", "dev", "fence-v1"),
+		append(slices.Clone(inPeer), ip, "link", "set", "fence-v1", "up"),
+		append(slices.Clone(inPeer), ip, "link", "set", "lo", "up"),
+	} {
+		if out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", argv, err, out)
+		}
+	}
+	t.Cleanup(func() { _ = exec.Command(ip, "link", "del", "fence-v0").Run() })
+	agent := &syscall.Credential{Uid: agentID, Gid: agentID}
+	to := "10.77.0.2:" + peerPort
+	if ok, out := probe(t, exe, agent, "tcp", to); ok {
+		t.Errorf("TCP to the peer as uid %d: %s, want failure (fenced)", agentID, out)
+	}
+	if ok, out := probe(t, exe, nil, "tcp", to); !ok {
+		t.Errorf("control: TCP to the peer as root: %s, want success", out)
+	}
+	_, agentPort := startServer(t, exe, &syscall.SysProcAttr{Credential: agent, Pdeathsig: syscall.SIGKILL}, "0.0.0.0:0")
+	if ok, out := probeVia(t, inPeer, exe, nil, "tcp", "10.77.0.1:"+agentPort); ok {
+		t.Errorf("the peer connecting to a listener of uid %d: %s, want failure (its replies are fenced)", agentID, out)
+	}
+	_, rootPort := startServer(t, exe, &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}, "0.0.0.0:0")
+	if ok, out := probeVia(t, inPeer, exe, nil, "tcp", "10.77.0.1:"+rootPort); !ok {
+		t.Errorf("control: the peer connecting to a listener of root: %s, want success", out)
+	}
 }
