@@ -3,7 +3,8 @@
 # protoc and its well-known types (regenerate-and-diff), PostgreSQL (store and gateway suites),
 # OpenSSH client (CLI ssh-config test), busybox-static (rootfs sandboxes), curl (HTTP/2
 # endpoints answered to curl's default negotiation), docker.io (docker driver suites: dockerd,
-# started by test/docker/start.sh).
+# started by test/docker/start.sh), iproute2 and util-linux's nsenter and setpriv (the
+# nftables fence tests: a veth pair to a peer namespace, a pod's capability set).
 # Needs root and apt-get; otherwise it says what to install and returns 1.
 set -euo pipefail
 pkgs=()
@@ -18,6 +19,8 @@ command -v python3 >/dev/null 2>&1 || pkgs+=(python3)
 command -v curl >/dev/null 2>&1 || pkgs+=(curl)
 command -v wget >/dev/null 2>&1 || pkgs+=(wget)
 command -v dockerd >/dev/null 2>&1 || pkgs+=(docker.io)
+command -v ip >/dev/null 2>&1 || pkgs+=(iproute2)
+{ command -v nsenter && command -v setpriv; } >/dev/null 2>&1 || pkgs+=(util-linux)
 if [ "${#pkgs[@]}" -eq 0 ]; then
   exit 0
 fi
