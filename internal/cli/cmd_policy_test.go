@@ -111,3 +111,22 @@ func TestPolicyUpdatePlan(t *testing.T) {
 		}
 	}
 }
+
+// TestCreatePolicyFromEnv: without --policy, sandbox create reads the file
+// OPENSHELL_SANDBOX_POLICY names, as OpenShell's CLI does; --policy wins.
+// A bad file is refused before anything is sent (the endpoint is
+// unreachable, so reaching it would be another error).
+func TestCreatePolicyFromEnv(t *testing.T) {
+	dir := t.TempDir()
+	bad := policyFile(t, dir, "bad.yaml", "version: 1\nfilesystem: {}\n")
+	good := policyFile(t, dir, "good.yaml", policyV1)
+	tt := newTester(t)
+	tt.env["OPENSHELL_SANDBOX_POLICY"] = bad
+	args := []string{"--gateway-endpoint", "http://127.0.0.1:1", "sandbox", "create", "--detach", "--name", "x"}
+	if r := tt.run(args...); r.err == nil || !strings.HasPrefix(r.err.Error(), "invalid policy file "+bad+": line 2: unknown field \"filesystem\"") {
+		t.Errorf("create with OPENSHELL_SANDBOX_POLICY=bad = %v", r.err)
+	}
+	if r := tt.run(append(args, "--policy", good)...); r.err == nil || !strings.Contains(r.err.Error(), "cannot reach") {
+		t.Errorf("create with --policy good = %v, want the gateway to be dialled", r.err)
+	}
+}

@@ -149,6 +149,9 @@ Ctrl-C while the sandbox provisions asks whether to delete it.`,
 				count := uint32(n)
 				spec.ResourceRequirements = &openshellv1.ResourceRequirements{Gpu: &openshellv1.GpuResourceRequirements{Count: &count}}
 			}
+			if policyFile == "" {
+				policyFile = a.getenv("OPENSHELL_SANDBOX_POLICY")
+			}
 			if policyFile != "" {
 				if spec.Policy, err = readPolicyFile(policyFile); err != nil {
 					return err
@@ -176,7 +179,7 @@ Ctrl-C while the sandbox provisions asks whether to delete it.`,
 	f.StringVar(&memory, "memory", "", "memory limit: bytes or a quantity, e.g. 512Mi, 4Gi or 8G")
 	f.StringVar(&gpu, "gpu", "", "number of GPUs to request (a count is required: the gateway has no driver-default GPU selection)")
 	f.StringVar(&driverConfig, "driver-config-json", "", "driver-specific settings: a JSON object keyed by driver name")
-	f.StringVar(&policyFile, "policy", "", "sandbox policy YAML file (OpenShell's policy format; see 'openshell policy')")
+	f.StringVar(&policyFile, "policy", "", "sandbox policy YAML file (OpenShell's policy format; see 'openshell policy'; env OPENSHELL_SANDBOX_POLICY)")
 	_ = cmd.MarkFlagFilename("policy", "yaml", "yml")
 	f.StringVar(&forward, "forward", "", "once ready, forward 127.0.0.1:LOCAL to port REMOTE in the sandbox in the background ([LOCAL:]REMOTE)")
 	return cmd
