@@ -170,31 +170,13 @@ func BenchmarkConnect(b *testing.B) {
 	})
 
 	b.Run("pidns", func(b *testing.B) {
-		args := []string{"--pid", "--fork", "--mount-proc", "--kill-child"}
-		if os.Getuid() != 0 {
-			args = append([]string{"--user", "--map-root-user"}, args...)
-		}
-		cmd := exec.Command("unshare", append(args, self)...)
 		id := &ProcIdentifier{Self: -1}
 		tp, idP50 := start(b, id)
+		cmd := exec.Command(self)
 		cmd.Env = append(os.Environ(), benchClientEnv+"="+tp.url.Host+" "+sink.Addr().String()+" "+authority)
 		cmd.Stderr = os.Stderr
-		in, err := cmd.StdinPipe()
-		if err != nil {
-			b.Fatal(err)
-		}
-		outR, err := cmd.StdoutPipe()
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			if os.Getenv("CI") == "true" {
-				b.Fatal(err)
-			}
-			b.Skipf("unshare: %v", err)
-		}
-		defer func() { in.Close(); _ = cmd.Wait() }()
-		id.Root = fmt.Sprintf("/proc/%d/root/proc", cmd.Process.Pid)
+		in, outR, root := startInPIDNamespace(b, cmd)
+		id.Root = root
 		out := bufio.NewScanner(outR)
 		var r benchRun
 		for b.Loop() {
@@ -231,4 +213,34 @@ func p50(d []time.Duration) time.Duration {
 	d = slices.Clone(d)
 	slices.Sort(d)
 	return d[len(d)/2]
+}
+
+// startInPIDNamespace starts cmd as pid 1 of a new pid namespace with a
+// procfs of its own (through unshare; a user namespace too when not
+// root) and returns its stdin and stdout and the path of that procfs.
+// The command ends when its stdin closes (Cleanup closes it and waits).
+func startInPIDNamespace(b *testing.B, cmd *exec.Cmd) (io.WriteCloser, io.Reader, string) {
+	b.Helper()
+	args := []string{"--pid", "--fork", "--mount-proc", "--kill-child"}
+	if os.Getuid() != 0 {
+		args = append([]string{"--user", "--map-root-user"}, args...)
+	}
+	ucmd := exec.Command("unshare", append(append(args, cmd.Path), cmd.Args[1:]...)...)
+	ucmd.Env, ucmd.Stderr = cmd.Env, cmd.Stderr
+	in, err := ucmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, err := ucmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := ucmd.Start(); err != nil {
+		if os.Getenv("CI") == "true" {
+			b.Fatal(err)
+		}
+		b.Skipf("unshare: %v", err)
+	}
+	b.Cleanup(func() { in.Close(); _ = ucmd.Process.Kill(); _ = ucmd.Wait() })
+	return in, out, fmt.Sprintf("/proc/%d/root/proc", ucmd.Process.Pid)
 }

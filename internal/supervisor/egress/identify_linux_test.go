@@ -315,32 +315,12 @@ func BenchmarkIdentify(b *testing.B) {
 		run(b, &ProcIdentifier{Root: "/proc", Self: -1}, <-accepted)
 	})
 	b.Run("pidns", func(b *testing.B) {
-		args := []string{"--pid", "--fork", "--mount-proc", "--kill-child"}
-		if os.Getuid() != 0 {
-			args = append([]string{"--user", "--map-root-user"}, args...)
-		}
 		_, port, _ := net.SplitHostPort(ln.Addr().String())
-		args = append(args, "bash", "-c", "sleep 600 & sleep 600 & exec 3<>/dev/tcp/127.0.0.1/"+port+"; echo ready; read")
-		cmd := exec.Command("unshare", args...)
-		stdin, err := cmd.StdinPipe() // the shell ends when it closes
-		if err != nil {
-			b.Fatal(err)
-		}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			if os.Getenv("CI") == "true" {
-				b.Fatal(err)
-			}
-			b.Skipf("unshare: %v", err)
-		}
-		defer func() { stdin.Close(); _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+		_, out, root := startInPIDNamespace(b, exec.Command("bash", "-c", "sleep 600 & sleep 600 & exec 3<>/dev/tcp/127.0.0.1/"+port+"; echo ready; read"))
 		line, err := bufio.NewReader(out).ReadString('\n')
 		if err != nil || line != "ready\n" {
 			b.Fatalf("namespace shell: %q, %v", line, err)
 		}
-		run(b, &ProcIdentifier{Root: fmt.Sprintf("/proc/%d/root/proc", cmd.Process.Pid), Self: -1}, <-accepted)
+		run(b, &ProcIdentifier{Root: root, Self: -1}, <-accepted)
 	})
 }
