@@ -23,6 +23,7 @@ import (
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	"github.com/openshell-go/openshell/internal/supervisor/egress"
 	"github.com/openshell-go/openshell/internal/supervisor/egress/hostdial"
+	supinference "github.com/openshell-go/openshell/internal/supervisor/inference"
 	"github.com/openshell-go/openshell/internal/supervisor/isolation"
 	"github.com/openshell-go/openshell/internal/supervisor/nftfence"
 )
@@ -129,6 +130,7 @@ type egressRunner struct {
 	agent     atomic.Pointer[isolation.User] // fence mode: whom Identify reads /proc as
 	fence     *nftfence.Fence                // installed by fenceAgents
 	fenceErr  error                          // why fenceAgents failed (wraps errAgentNetworkOpen)
+	inference *supinference.Router           // serves inference.local (nil when no proxy runs)
 }
 
 // takeEgressDialer takes over the host dialer descriptor before anything
@@ -211,7 +213,9 @@ func startEgress(ctx context.Context, log *slog.Logger, cfg Config, dialer *host
 	if e.fenceMode {
 		identify = identifyAs(&e.agent, identify)
 	}
+	e.inference = newInferenceRouter(log.With("component", "inference"), cfg, resolver, dial)
 	e.proxy = egress.New(egress.Config{
+		Inference:     serveInference(e.inference),
 		Resolver:      resolver,
 		Dial:          dial,
 		Identify:      identify,

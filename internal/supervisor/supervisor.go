@@ -437,6 +437,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	}
 	eg = startEgress(ctx, log.With("component", "egress"), cfg, dialer, &wg)
 	defer eg.close()
+	pollInference(ctx, &wg, conn, eg.inference)
 	cfg.agentEnv = eg.env
 	prepare := func(p *sandboxv1.SandboxPolicy) (confErr, netErr error) { return prepareSandbox(agents, eg, p) }
 	loaded, err := bootstrapConfig(ctx, log.With("component", "config"), client, cfg, prepare)

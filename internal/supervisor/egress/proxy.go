@@ -60,7 +60,14 @@ type Config struct {
 	// (plain and inside terminated tunnels) after its admission; nil
 	// forwards requests as they are.
 	Credentials Credentials
+	// Inference, when set, answers absolute-form requests for host
+	// InferenceHost (any port) instead of the network policy; it reports
+	// whether the client connection may carry another request.
+	Inference func(c net.Conn, req *http.Request, caller Caller) bool
 }
+
+// InferenceHost is the host Config.Inference serves.
+const InferenceHost = "inference.local"
 
 // Event is one decision, as logged. It never carries credentials, query
 // strings, headers or bodies.
@@ -317,6 +324,19 @@ func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http
 		if err != nil {
 			writeStatus(c, http.StatusBadRequest, err.Error())
 			return
+		}
+		if p.cfg.Inference != nil && strings.EqualFold(host, InferenceHost) {
+			if !p.cfg.Inference(c, req, callers[0]) {
+				return
+			}
+			var code int
+			if req, code, _ = readRequest(c, cr, br, httpHeaderLimit); req == nil {
+				if code != 0 {
+					writeStatus(c, code, fmt.Sprintf("request headers exceed %d bytes", httpHeaderLimit))
+				}
+				return
+			}
+			continue
 		}
 		ev := Event{Kind: "http", Host: host, Port: port, Method: req.Method}
 		decisions, status := p.decide(callers, idErr, host, port, &ev)

@@ -245,23 +245,24 @@ var hopByHop = map[string]bool{
 // relay writes resp to the agent: headers, then each body chunk as it
 // arrives (chunked framing, or the upstream's Content-Length when known).
 func relay(c net.Conn, resp *http.Response, timer *time.Timer, timeout time.Duration, timedOut *atomic.Bool, d *decision) bool {
+	// Writes to bw fail sticky; every Flush reports them.
 	bw := bufio.NewWriterSize(c, 4096)
 	chunked := resp.ContentLength < 0
-	fmt.Fprintf(bw, "HTTP/1.1 %d %s\r\n", resp.StatusCode, statusText(resp.StatusCode))
+	_, _ = fmt.Fprintf(bw, "HTTP/1.1 %d %s\r\n", resp.StatusCode, statusText(resp.StatusCode))
 	for k, vs := range resp.Header {
 		if hopByHop[k] {
 			continue
 		}
 		for _, v := range vs {
-			fmt.Fprintf(bw, "%s: %s\r\n", k, v)
+			_, _ = fmt.Fprintf(bw, "%s: %s\r\n", k, v)
 		}
 	}
 	if chunked {
-		bw.WriteString("Transfer-Encoding: chunked\r\n")
+		_, _ = bw.WriteString("Transfer-Encoding: chunked\r\n")
 	} else {
-		fmt.Fprintf(bw, "Content-Length: %d\r\n", resp.ContentLength)
+		_, _ = fmt.Fprintf(bw, "Content-Length: %d\r\n", resp.ContentLength)
 	}
-	bw.WriteString("\r\n")
+	_, _ = bw.WriteString("\r\n")
 	if err := bw.Flush(); err != nil {
 		return false
 	}
@@ -273,11 +274,11 @@ func relay(c net.Conn, resp *http.Response, timer *time.Timer, timeout time.Dura
 		if n > 0 {
 			sent += int64(n)
 			if chunked {
-				fmt.Fprintf(bw, "%x\r\n", n)
-				bw.Write(buf[:n])
-				bw.WriteString("\r\n")
+				_, _ = fmt.Fprintf(bw, "%x\r\n", n)
+				_, _ = bw.Write(buf[:n])
+				_, _ = bw.WriteString("\r\n")
 			} else {
-				bw.Write(buf[:n])
+				_, _ = bw.Write(buf[:n])
 			}
 			// Flush per chunk: streamed tokens reach the agent now.
 			if bw.Flush() != nil {
@@ -296,7 +297,7 @@ func relay(c net.Conn, resp *http.Response, timer *time.Timer, timeout time.Dura
 		}
 	}
 	if chunked {
-		bw.WriteString("0\r\n\r\n")
+		_, _ = bw.WriteString("0\r\n\r\n")
 		if bw.Flush() != nil {
 			return false
 		}
