@@ -485,25 +485,72 @@ func ruleName(host string, port uint32) string {
 	return fmt.Sprintf("allow_%s_%d", b.String(), port)
 }
 
-// FromSummaries maps denial summaries to mechanistic chunks: one L4 rule
-// per (host, port, binary) allowing that binary to that endpoint, its
-// count as hit_count. A summary without a binary or host maps to nothing
-// (a rule without binaries would allow every binary).
+// wellKnownPorts name the ports OpenShell's mapper trusts more.
+var wellKnownPorts = map[uint32]string{
+	80: "HTTP", 443: "HTTPS", 8080: "HTTP-alt", 8443: "HTTPS-alt", 5432: "PostgreSQL", 3306: "MySQL", 6379: "Redis",
+	27017: "MongoDB", 9200: "Elasticsearch", 9092: "Kafka", 2181: "ZooKeeper", 11211: "Memcached", 5672: "RabbitMQ",
+	6443: "Kubernetes API", 53: "DNS", 587: "SMTP", 993: "IMAP", 995: "POP3",
+}
+
+// confidence is OpenShell's mapper score: 0.5, more for repeated denials
+// and well-known ports, less for SSRF denials, within [0.1, 0.95].
+func confidence(count, port uint32, ssrf bool) float32 {
+	score := float32(0.5)
+	switch {
+	case count >= 10:
+		score += 0.2
+	case count >= 3:
+		score += 0.1
+	}
+	if _, ok := wellKnownPorts[port]; ok {
+		score += 0.15
+	}
+	if ssrf {
+		score -= 0.2
+	}
+	return min(max(score, 0.1), 0.95)
+}
+
+// neverProposed are destinations the proxy refuses whatever the policy
+// says and that carry no signal worth a reviewer's time: loopback,
+// unspecified addresses and localhost. Link-local and metadata hosts are
+// proposed (and flagged), unlike in OpenShell: a sandbox reaching for
+// cloud metadata is worth seeing.
+func neverProposed(host string) bool {
+	if a, err := parseAddr(host); err == nil {
+		a = a.Unmap()
+		return a.IsLoopback() || a.IsUnspecified()
+	}
+	return host == "localhost" || host == "localhost."
+}
+
+// FromSummaries maps denial summaries to mechanistic chunks as OpenShell's
+// sandbox-side mapper does: one L4 rule per (host, port, binary) allowing
+// that binary to that endpoint (never with allowed_ips: a host resolving
+// to an internal address stays behind the SSRF guard until a reviewer
+// adds them), its count as hit_count, OpenShell's rationale and
+// confidence. A summary without a binary, host or port, or for a
+// loopback, unspecified or localhost destination, maps to nothing (a rule
+// without binaries would allow every binary).
 func FromSummaries(sums []*openshellv1.DenialSummary) []*openshellv1.PolicyChunk {
 	var out []*openshellv1.PolicyChunk
 	for _, s := range sums {
 		host := strings.ToLower(strings.TrimSpace(s.GetHost()))
-		if host == "" || s.GetPort() == 0 || s.GetBinary() == "" {
+		if host == "" || s.GetPort() == 0 || s.GetBinary() == "" || neverProposed(host) {
 			continue
 		}
 		name := ruleName(host, s.GetPort())
-		rationale := fmt.Sprintf("%s was denied %d connection(s) to %s:%d", s.GetBinary(), max(s.GetCount(), 1), host, s.GetPort())
-		if r := s.GetDenyReason(); r != "" {
-			rationale += " (" + r + ")"
+		portName := ""
+		if n, ok := wellKnownPorts[s.GetPort()]; ok {
+			portName = " (" + n + ")"
 		}
+		short := s.GetBinary()[strings.LastIndex(s.GetBinary(), "/")+1:]
+		count := max(s.GetCount(), 1)
 		out = append(out, &openshellv1.PolicyChunk{
-			RuleName: name, Rationale: rationale, Binary: s.GetBinary(),
-			HitCount: int32(min(max(s.GetCount(), 1), 1<<31-1)), FirstSeenMs: s.GetFirstSeenMs(), LastSeenMs: s.GetLastSeenMs(),
+			RuleName: name, Binary: s.GetBinary(), Stage: cmp.Or(s.GetDenialStage(), "connect"),
+			Rationale:  fmt.Sprintf("Allow %s to connect to %s:%d%s.", short, host, s.GetPort(), portName),
+			Confidence: confidence(count, s.GetPort(), s.GetDenialStage() == "ssrf"),
+			HitCount:   int32(min(count, 1<<31-1)), FirstSeenMs: s.GetFirstSeenMs(), LastSeenMs: s.GetLastSeenMs(),
 			ProposedRule: &sandboxv1.NetworkPolicyRule{
 				Name:      name,
 				Endpoints: []*sandboxv1.NetworkEndpoint{{Host: host, Port: s.GetPort()}},

@@ -74,13 +74,15 @@ func TestFromSummaries(t *testing.T) {
 		{Binary: "/usr/bin/curl", Host: "Files.Python-Hosted.org", Port: 443, Count: 4, DenyReason: "no rule"},
 		{Host: "x.test", Port: 443, Count: 1},          // no binary: would allow every binary
 		{Binary: "/usr/bin/curl", Port: 443, Count: 1}, // no host
+		{Binary: "/usr/bin/curl", Host: "127.0.0.2", Port: 80, Count: 1},
+		{Binary: "/usr/bin/curl", Host: "localhost", Port: 80, Count: 1},
 	})
 	if len(got) != 1 {
 		t.Fatalf("FromSummaries = %v, want one chunk", got)
 	}
 	c := got[0]
 	if c.GetRuleName() != "allow_files_python_hosted_org_443" || c.GetHitCount() != 4 || c.GetProposedRule().GetEndpoints()[0].GetHost() != "files.python-hosted.org" ||
-		c.GetProposedRule().GetBinaries()[0].GetPath() != "/usr/bin/curl" || c.GetRationale() != "/usr/bin/curl was denied 4 connection(s) to files.python-hosted.org:443 (no rule)" {
+		c.GetProposedRule().GetBinaries()[0].GetPath() != "/usr/bin/curl" || c.GetRationale() != "Allow curl to connect to files.python-hosted.org:443 (HTTPS)." || c.GetConfidence() != 0.75 {
 		t.Errorf("chunk = %v", c)
 	}
 }
