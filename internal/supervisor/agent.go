@@ -19,7 +19,7 @@ import (
 
 // agentLauncher builds the commands of agent processes (main process,
 // exec and SSH sessions): every one runs confined by the sandbox policy
-// through the isolation trampoline. Until prepare has succeeded every
+// (isolation.Confinement). Until prepare has succeeded every
 // command fails: an agent never starts unconfined.
 type agentLauncher struct {
 	log     *slog.Logger
@@ -134,9 +134,8 @@ func (a *agentLauncher) command(argv, env []string, dir string) (*exec.Cmd, *iso
 	return conf.Command(argv, env, dir)
 }
 
-// startAgent starts a command from agentLauncher.command and waits until
-// the trampoline has started the agent or failed. A trampoline that failed
-// is reaped by the table like any child.
+// startAgent starts a command from agentLauncher.command inside the
+// sandbox's confinement (isolation.Launch.Start).
 func (t *procTable) startAgent(cmd *exec.Cmd, l *isolation.Launch) (*proc, error) {
 	p, err := t.start(cmd, l.Start)
 	if err := l.Started(err); err != nil {
@@ -156,8 +155,8 @@ var confinementCaps = []struct {
 }{{unix.CAP_KILL, "CAP_KILL"}, {unix.CAP_SETGID, "CAP_SETGID"}, {unix.CAP_SETPCAP, "CAP_SETPCAP"}, {unix.CAP_SETUID, "CAP_SETUID"}}
 
 // checkConfinementCaps reports the confinementCaps missing from the
-// supervisor's effective or bounding set (the trampoline, a re-exec of
-// the supervisor, gets no more than the bounding set), so that a container
+// supervisor's effective or bounding set (the confinement's domain thread
+// uses them before it empties its own bounding set), so that a container
 // started without them reports the policy FAILED before any agent process
 // is attempted instead of failing each spawn.
 func checkConfinementCaps() error {

@@ -33,8 +33,8 @@ func supervisorBinary(t testing.TB) string {
 			return
 		}
 		binPath = filepath.Join(dir, "openshell-sandbox")
-		// Static, as `make build` builds it: the agent trampoline re-executes
-		// this binary inside root filesystems that have no C library.
+		// Static, as `make build` builds it: it runs inside root filesystems
+		// that have no C library.
 		cmd := exec.Command("go", "build", "-o", binPath, "../../cmd/openshell-sandbox")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		out, err := cmd.CombinedOutput()

@@ -93,13 +93,13 @@ func run(t *testing.T, c *isolation.Confinement, dir string, argv ...string) (re
 	t.Helper()
 	cmd, l, err := c.Command(argv, []string{"PATH=/usr/bin:/bin"}, dir)
 	if err != nil {
-		t.Fatal(err)
+		return result{}, err // the program cannot be resolved
 	}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := l.Started(l.Start(cmd)); err != nil {
 		if cmd.Process != nil {
-			cmd.Wait() //nolint:errcheck // the trampoline's exit after a failed confinement
+			cmd.Wait() //nolint:errcheck // a process that started after all
 		}
 		return result{}, err
 	}
@@ -150,7 +150,7 @@ func TestEscapes(t *testing.T) {
 	c := confinement(t, l.policy(), l.ws)
 	victim := strconv.Itoa(rootSleeper(t))
 	// A descriptor the supervisor holds without close-on-exec (children
-	// inherit it unless the trampoline stops it), numbered high enough
+	// inherit it unless the spawn stops it), numbered high enough
 	// that os/exec's own descriptor shuffling does not cover it.
 	fd, err := syscall.Open(filepath.Join(l.secret, "file"), syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 	if err != nil {
@@ -335,7 +335,7 @@ func TestFailsClosed(t *testing.T) {
 			name:   "workdir the user cannot enter",
 			policy: func(p *sandboxv1.SandboxPolicy) {},
 			argv:   []string{"/bin/sh", "-c", "touch " + marker},
-			want:   "chdir",
+			want:   "permission denied", // os/exec's child failed its chdir
 		},
 		{
 			name:   "unknown program",
@@ -349,7 +349,7 @@ func TestFailsClosed(t *testing.T) {
 			p := l.policy()
 			tt.policy(p)
 			dir := l.ws
-			if tt.want == "chdir" {
+			if tt.name == "workdir the user cannot enter" {
 				dir = "/root"
 			}
 			_, err := run(t, confinement(t, p, l.ws), dir, tt.argv...)
@@ -363,12 +363,11 @@ func TestFailsClosed(t *testing.T) {
 	}
 
 	t.Run("started outside the agents' domain", func(t *testing.T) {
-		// cmd.Start instead of Launch.Start: the trampoline would run
-		// outside the Landlock domain, so it gets no spec.
+		// cmd.Start instead of Launch.Start: outside the domain thread
+		// the agent would run unconfined, so cmd.Start refuses.
 		cmd, l2, err := confinement(t, l.policy(), l.ws).Command([]string{"/bin/sh", "-c", "touch " + marker}, nil, l.ws)
 		must(t, err)
 		err = l2.Started(cmd.Start())
-		cmd.Wait() //nolint:errcheck // the trampoline's exit without a spec
 		if err == nil || !strings.Contains(err.Error(), "Launch.Start") {
 			t.Fatalf("Started(cmd.Start()) = %v, want refused", err)
 		}

@@ -1,52 +1,35 @@
 package isolation
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 
-	"github.com/openshell-go/openshell/internal/supervisor/isolation/trampoline"
+	"golang.org/x/sys/unix"
 )
 
-// TrampolineArg0 is argv[0] of the supervisor binary re-executed as the
-// agent trampoline.
-const TrampolineArg0 = trampoline.Arg0
-
-// Spec is what the trampoline is told over fd 3.
-type Spec = trampoline.Spec
-
-// trampolineEnv is the trampoline's own environment (the agent gets the
-// spec's): a short-lived Go program that needs no second processor and no
-// garbage collection before it execve's.
-var trampolineEnv = []string{"GOGC=off", "GOMAXPROCS=1"}
-
-// selfExe is the binary the trampoline runs from. /proc/self/exe stays
-// valid after the supervisor pivots into a rootfs.
-const selfExe = "/proc/self/exe"
-
-// Launch is one agent process being started through the trampoline.
+// Launch is one agent process being started inside a Confinement.
 type Launch struct {
-	conf            *Confinement
-	started         bool
-	spec            []byte
-	specR, specW    *os.File
-	statusR, status *os.File
+	conf    *Confinement
+	started bool
 }
 
 // Command returns a command that runs argv confined by c, with env
-// (HOME, USER and LOGNAME are set for the agent's user) in dir. The caller
-// sets its stdio and SysProcAttr (process group, session, controlling
-// terminal), must not set ExtraFiles, starts it with Launch.Start (not
-// cmd.Start: the trampoline must be forked inside the agents' Landlock
-// domain, and Started refuses a launch that was not) and then calls
+// (HOME, USER and LOGNAME are set for the agent's user) in dir; the
+// program is resolved with env's PATH. The caller sets its stdio and
+// SysProcAttr (process group, session, controlling terminal; not ids,
+// namespaces or capabilities), starts it with Launch.Start (not
+// cmd.Start: the agent must be forked from the Confinement's domain
+// thread, and Started refuses a launch that was not) and then calls
 // Launch.Started exactly once, whether the start succeeded or not.
 func (c *Confinement) Command(argv, env []string, dir string) (*exec.Cmd, *Launch, error) {
 	if len(argv) == 0 {
 		return nil, nil, errors.New("agent command is empty")
+	}
+	if c.User.UID == 0 || c.User.GID == 0 {
+		return nil, nil, fmt.Errorf("refusing to run the agent as uid %d gid %d", c.User.UID, c.User.GID)
 	}
 	home := c.User.Home
 	if home == "" {
@@ -62,68 +45,85 @@ func (c *Confinement) Command(argv, env []string, dir string) (*exec.Cmd, *Launc
 	env = setEnv(env, "HOME", home)
 	env = setEnv(env, "USER", name)
 	env = setEnv(env, "LOGNAME", name)
-	spec, err := json.Marshal(Spec{
-		Argv: argv, Env: env, Dir: dir,
-		UID: c.User.UID, GID: c.User.GID,
-		// The domain thread's ruleset (Confinement.Start).
-		Landlock: LandlockSpec{Inherited: true},
-	})
+	path, err := lookPath(argv[0], env, dir)
 	if err != nil {
 		return nil, nil, err
 	}
-	l := &Launch{conf: c, spec: spec}
-	if l.specR, l.specW, err = os.Pipe(); err != nil {
-		return nil, nil, err
-	}
-	if l.statusR, l.status, err = os.Pipe(); err != nil {
-		l.specR.Close()
-		l.specW.Close()
-		return nil, nil, err
-	}
-	cmd := &exec.Cmd{
-		Path:       selfExe,
-		Args:       []string{TrampolineArg0},
-		Env:        trampolineEnv,
-		ExtraFiles: []*os.File{l.specR, l.status}, // fds 3 and 4
-	}
-	return cmd, l, nil
+	// cmd.Start refuses to run it: only Launch.Start clears Err.
+	cmd := &exec.Cmd{Path: path, Args: argv, Env: env, Dir: dir, Err: errNotLaunched}
+	return cmd, &Launch{conf: c}, nil
 }
 
-// Start starts cmd (from Command) inside the agents' Landlock domain
-// (Confinement.Start).
+// errNotLaunched is what an agent command started without Launch.Start
+// fails with: outside the domain thread it would run unconfined.
+var errNotLaunched = errors.New("agent command not started through Launch.Start (outside the agents' confinement)")
+
+// Start starts cmd (from Command) as the agent's user and group, with no
+// supplementary groups, forked from the Confinement's domain thread (see
+// domainThread), so that it runs under every layer of the confinement
+// from its first instruction.
 func (l *Launch) Start(cmd *exec.Cmd) error {
 	l.started = true
-	return l.conf.Start(cmd)
+	sys := cmd.SysProcAttr
+	if sys == nil {
+		sys = &syscall.SysProcAttr{}
+		cmd.SysProcAttr = sys
+	}
+	if sys.Cloneflags != 0 || sys.Unshareflags != 0 || sys.Chroot != "" || len(sys.AmbientCaps) > 0 ||
+		sys.UidMappings != nil || sys.GidMappings != nil || sys.UseCgroupFD || len(cmd.ExtraFiles) > 0 {
+		return errors.New("agent command sets namespaces, a root, capabilities, a cgroup or extra files")
+	}
+	u := l.conf.User
+	sys.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: []uint32{}}
+	if cmd.Err == errNotLaunched { //nolint:errorlint // the sentinel set by Command itself
+		cmd.Err = nil
+	}
+	return l.conf.domain.start(l.conf, cmd)
 }
 
-// Started finishes a launch after Launch.Start returned startErr: it hands
-// the spec to the trampoline and waits until the trampoline has either
-// execve'd the agent (nil) or failed (its error; the trampoline then
-// exits 127 and must still be reaped by the caller). A trampoline started
-// some other way gets no spec and exits without running the agent.
+// Started finishes a launch after Launch.Start returned startErr and
+// returns the error of the spawn: startErr, or errNotLaunched for a
+// command started some other way (Command makes cmd.Start refuse it).
 func (l *Launch) Started(startErr error) error {
-	l.specR.Close()
-	l.status.Close()
-	defer l.statusR.Close()
 	if startErr == nil && !l.started {
-		startErr = errors.New("agent trampoline not started through Launch.Start (outside the agents' Landlock domain)")
+		return errNotLaunched
 	}
 	if startErr != nil {
-		l.specW.Close()
-		return startErr
-	}
-	_, werr := l.specW.Write(l.spec)
-	l.specW.Close()
-	msg, rerr := io.ReadAll(io.LimitReader(l.statusR, 64<<10))
-	switch {
-	case len(msg) > 0:
-		return fmt.Errorf("agent confinement failed: %s", msg)
-	case rerr != nil:
-		return fmt.Errorf("agent trampoline status: %w", rerr)
-	case werr != nil:
-		return fmt.Errorf("agent trampoline did not take its spec: %w", werr)
+		return fmt.Errorf("agent process: %w", startErr)
 	}
 	return nil
+}
+
+// lookPath resolves file like a shell, with the agent's PATH (relative
+// entries and a relative file against dir).
+func lookPath(file string, env []string, dir string) (string, error) {
+	if strings.Contains(file, "/") {
+		return file, nil
+	}
+	pathEnv := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			pathEnv = v
+		}
+	}
+	if pathEnv == "" {
+		return "", fmt.Errorf("exec %s: executable file not found in $PATH", file)
+	}
+	for _, d := range strings.Split(pathEnv, ":") {
+		if d == "" {
+			d = "."
+		}
+		p := d + "/" + file
+		check := p
+		if !strings.HasPrefix(p, "/") && dir != "" {
+			check = dir + "/" + p
+		}
+		var st unix.Stat_t
+		if unix.Stat(check, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Mode&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("exec %s: executable file not found in $PATH", file)
 }
 
 // setEnv sets k=v in env, replacing every existing k.

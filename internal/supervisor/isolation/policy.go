@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
-	"github.com/openshell-go/openshell/internal/supervisor/isolation/trampoline"
 )
 
 // SandboxUser is the name of the unprivileged user the agent runs as by
@@ -40,9 +39,6 @@ type User struct {
 	Name     string // "sandbox" or the passwd name of UID; may be empty
 	Home     string // passwd home directory; may be empty
 }
-
-// Path is one Landlock rule path.
-type Path = trampoline.Path
 
 // Confinement is what every agent process of a sandbox runs under. It is
 // built once from the sandbox policy by FromPolicy and used read-only

@@ -1,4 +1,4 @@
-package trampoline
+package isolation
 
 import (
 	"errors"
@@ -9,9 +9,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The three Landlock system calls are made here directly: the go-landlock
-// package imports psx, whose import path would order the protobuf and
-// gRPC package initialisers before this package's init (see doc.go).
+// The three Landlock system calls are made here directly; go-landlock
+// would bring psx (all-thread system calls through cgo), which the
+// per-thread confinement does not need.
 
 // landlockCreateRuleset is landlock_create_ruleset(2) with a nil attr
 // when attr is nil (a version or errata query).
@@ -35,26 +35,11 @@ func landlockAddPathBeneathRule(rulesetFD int, attr *unix.LandlockPathBeneathAtt
 	return nil
 }
 
-// landlockRestrictAllThreads enforces the ruleset on every thread.
-func landlockRestrictAllThreads(rulesetFD int) error {
-	if _, _, e := allThreadsSyscall(unix.SYS_LANDLOCK_RESTRICT_SELF, uintptr(rulesetFD), 0, 0); e != 0 {
-		return e
-	}
-	return nil
-}
-
-// RestrictThread enforces the ruleset on the calling OS thread only: what
-// it forks afterwards starts in that Landlock domain. Without
-// CAP_SYS_ADMIN the thread first gets no_new_privs (also per thread).
-func RestrictThread(rulesetFD int) error {
-	_, _, e := syscall.RawSyscall(unix.SYS_LANDLOCK_RESTRICT_SELF, uintptr(rulesetFD), 0, 0)
-	if e == unix.EPERM {
-		if _, _, e = syscall.RawSyscall(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); e != 0 {
-			return fmt.Errorf("no_new_privs: %w", e)
-		}
-		_, _, e = syscall.RawSyscall(unix.SYS_LANDLOCK_RESTRICT_SELF, uintptr(rulesetFD), 0, 0)
-	}
-	if e != 0 {
+// landlockRestrictThread enforces the ruleset on the calling OS thread
+// only (no_new_privs must be set): what it forks afterwards starts in that
+// Landlock domain.
+func landlockRestrictThread(rulesetFD int) error {
+	if _, _, e := syscall.RawSyscall(unix.SYS_LANDLOCK_RESTRICT_SELF, uintptr(rulesetFD), 0, 0); e != 0 {
 		return fmt.Errorf("landlock_restrict_self: %w", e)
 	}
 	return nil
@@ -108,8 +93,9 @@ func scopes(abi int) uint64 {
 	return 0
 }
 
-// ScopeNames names the scopes the ABI offers, for the supervisor's report.
-func ScopeNames(abi int) []string {
+// LandlockScopes names the IPC scopes agent processes get on a kernel of
+// Landlock ABI abi: "abstract_unix_socket" and "signal" from ABI 6.
+func LandlockScopes(abi int) []string {
 	var names []string
 	if scopes(abi)&unix.LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET != 0 {
 		names = append(names, "abstract_unix_socket")
@@ -127,6 +113,21 @@ const (
 	fileRights = unix.LANDLOCK_ACCESS_FS_EXECUTE | unix.LANDLOCK_ACCESS_FS_WRITE_FILE | unix.LANDLOCK_ACCESS_FS_READ_FILE |
 		unix.LANDLOCK_ACCESS_FS_TRUNCATE | unix.LANDLOCK_ACCESS_FS_IOCTL_DEV
 )
+
+// LandlockSpec is the Landlock part of a Confinement.
+type LandlockSpec struct {
+	ReadOnly  []Path
+	ReadWrite []Path
+	Hard      bool
+}
+
+// Path is one Landlock rule path.
+type Path struct {
+	Path string
+	// Optional paths (the supervisor's baseline and defaults) are skipped
+	// when they cannot be opened, whatever the compatibility mode.
+	Optional bool
+}
 
 // PathProblem is a rule path that cannot be used.
 type PathProblem struct {
@@ -149,13 +150,13 @@ func (p PathProblem) Reason() string {
 	return p.Err.Error()
 }
 
-// BuildRuleset creates the Landlock ruleset for s with the kernel's ABI,
+// buildRuleset creates the Landlock ruleset for s with the kernel's ABI,
 // scoped (ABI 6 and later) to abstract unix sockets and signals of the
 // agent's own domain. It returns -1 when nothing is to be enforced (no
 // Landlock under best effort), a ruleset with the scopes only when no path
 // is usable under best effort, and the problems with the skipped paths.
 // Under s.Hard every problem, and a kernel without Landlock, is an error.
-func BuildRuleset(s LandlockSpec, abi int) (fd int, skipped []PathProblem, err error) {
+func buildRuleset(s LandlockSpec, abi int) (fd int, skipped []PathProblem, err error) {
 	if abi <= 0 {
 		if s.Hard {
 			return -1, nil, errors.New("landlock is required (hard_requirement) but the kernel does not support it")

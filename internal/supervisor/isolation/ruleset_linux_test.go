@@ -1,4 +1,4 @@
-package trampoline
+package isolation
 
 import (
 	"testing"
@@ -19,15 +19,15 @@ func TestBuildRulesetScopesOnly(t *testing.T) {
 		if a > abi {
 			continue
 		}
-		fd, skipped, err := BuildRuleset(spec, a)
+		fd, skipped, err := buildRuleset(spec, a)
 		if fd >= 0 {
 			unix.Close(fd) //nolint:errcheck // only a check
 		}
 		if err != nil || len(skipped) != 1 {
-			t.Fatalf("BuildRuleset(abi %d) = %d, %v, %v; want /does/not/exist skipped", a, fd, skipped, err)
+			t.Fatalf("buildRuleset(abi %d) = %d, %v, %v; want /does/not/exist skipped", a, fd, skipped, err)
 		}
 		if want := a >= 6; (fd >= 0) != want {
-			t.Errorf("BuildRuleset(abi %d) returned fd %d, want a scope-only ruleset: %v", a, fd, want)
+			t.Errorf("buildRuleset(abi %d) returned fd %d, want a scope-only ruleset: %v", a, fd, want)
 		}
 	}
 }

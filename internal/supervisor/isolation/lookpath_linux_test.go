@@ -1,4 +1,4 @@
-package trampoline
+package isolation
 
 import (
 	"os"
@@ -31,7 +31,7 @@ func TestLookPath(t *testing.T) {
 		{name: "with a slash, as given", file: "./x/y", env: nil, want: "./x/y"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := lookPath(tt.file, tt.env)
+			got, err := lookPath(tt.file, tt.env, "")
 			if tt.want == "" {
 				if err == nil {
 					t.Fatalf("lookPath(%q) = %q, want not found", tt.file, got)
@@ -45,7 +45,7 @@ func TestLookPath(t *testing.T) {
 	}
 	t.Run("empty PATH element is the working directory", func(t *testing.T) {
 		t.Chdir(dir)
-		got, err := lookPath("tool", []string{"PATH=/nonexistent::"})
+		got, err := lookPath("tool", []string{"PATH=/nonexistent::"}, "")
 		if err != nil || got != "./tool" {
 			t.Fatalf("lookPath = %q, %v; want ./tool", got, err)
 		}

@@ -1,4 +1,4 @@
-package trampoline
+package isolation
 
 import (
 	"fmt"
@@ -209,21 +209,19 @@ func filterProgram() ([]bpf.RawInstruction, error) {
 	return a.assemble()
 }
 
-// loadFilter installs prog on every thread of the process
-// (SECCOMP_FILTER_FLAG_TSYNC). no_new_privs must already be set.
+// loadFilter installs prog on the calling OS thread only (no TSYNC: the
+// domain thread's filter is for the agents it forks, not for the rest of
+// the supervisor). no_new_privs must already be set.
 func loadFilter(prog []bpf.RawInstruction) error {
 	filter := make([]unix.SockFilter, len(prog))
 	for i, ins := range prog {
 		filter[i] = unix.SockFilter{Code: ins.Op, Jt: ins.Jt, Jf: ins.Jf, K: ins.K}
 	}
 	fprog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
-	r, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&fprog)))
+	_, _, errno := unix.RawSyscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&fprog)))
 	runtime.KeepAlive(filter)
 	if errno != 0 {
 		return fmt.Errorf("seccomp: %w", errno)
-	}
-	if r != 0 {
-		return fmt.Errorf("seccomp: thread %d could not be synchronised", r)
 	}
 	return nil
 }
