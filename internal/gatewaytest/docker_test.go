@@ -1,10 +1,17 @@
 package gatewaytest
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -26,7 +33,7 @@ import (
 
 // dockerGateway starts a gateway with the docker driver on a test Docker
 // Engine that has the locally built busybox image.
-func dockerGateway(t *testing.T, o Options) (*Gateway, *client.Client, string) {
+func dockerGateway(t testing.TB, o Options) (*Gateway, *client.Client, string) {
 	t.Helper()
 	host := dockertest.Host(t)
 	img := dockertest.Busybox(t, host)
@@ -297,4 +304,147 @@ func TestDockerCallbackSocket(t *testing.T) {
 	if status.Code(err) != codes.PermissionDenied {
 		t.Errorf("ListSandboxes on the callback socket = %v, want PermissionDenied", err)
 	}
+}
+
+// copyInto writes one file into a container through the Engine's archive
+// API.
+func copyInto(t *testing.T, cli *client.Client, ctr, dir, name string, data []byte, mode int64) {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: mode, Size: int64(len(data)), ModTime: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tw.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.CopyToContainer(t.Context(), ctr, dir, &buf, container.CopyToContainerOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDockerForwardTcp: a TCP forward through the gateway reaches a
+// server on the container's loopback (the supervisor dials it inside the
+// container's network namespace).
+func TestDockerForwardTcp(t *testing.T) {
+	g, cli, img := dockerGateway(t, Options{})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	port := freeLocalPort(t)
+	resp, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "fwd", Spec: &openshellv1.SandboxSpec{
+		Command:  []string{"sh", "-c", `until [ -f /sandbox/.ready ]; do sleep 0.05; done; exec /sandbox/.sbhelper echo "$0"`, strconv.Itoa(int(port))},
+		Template: &openshellv1.SandboxTemplate{Image: img},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.GetSandbox().GetMetadata().GetId()
+	WaitPhase(ctx, t, c, "fwd", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 60*time.Second)
+	helper, err := os.ReadFile(HelperBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyInto(t, cli, "openshell-"+id, "/sandbox", ".sbhelper", helper, 0o755)
+	copyInto(t, cli, "openshell-"+id, "/sandbox", ".ready", nil, 0o644)
+
+	sess, err := c.CreateSshSession(ctx, &openshellv1.CreateSshSessionRequest{SandboxId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := &openshellv1.TcpForwardInit_Tcp{Tcp: &openshellv1.TcpRelayTarget{Host: "127.0.0.1", Port: port}}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s, err := forward(ctx, t, c, &openshellv1.TcpForwardInit{SandboxId: id, Target: target, AuthorizationToken: sess.GetToken()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err = s.Send(&openshellv1.TcpForwardFrame{Payload: &openshellv1.TcpForwardFrame_Data{Data: []byte("ping")}}); err == nil {
+			if f, rerr := s.Recv(); rerr == nil && string(f.GetData()) == "ping" {
+				_ = s.CloseSend()
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("echo server in the container never answered through the forward: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if _, err := c.DeleteSandbox(ctx, &openshellv1.DeleteSandboxRequest{Name: "fwd"}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(ctx, t, c, "fwd")
+}
+
+// BenchmarkDockerCreateReady measures CreateSandbox to phase READY
+// (container started, supervisor session connected) on the docker driver
+// against `docker run` of the same image to its first output, in the same
+// run, and reports the ratio.
+func BenchmarkDockerCreateReady(b *testing.B) {
+	host := dockertest.Host(b)
+	g, _, img := dockerGateway(b, Options{})
+	c := g.Client()
+	ctx := b.Context()
+	var create, run []time.Duration
+	i := 0
+	for b.Loop() {
+		name := fmt.Sprintf("bench-%d", i)
+		i++
+		start := time.Now()
+		if _, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: name, Spec: &openshellv1.SandboxSpec{
+			Command: []string{"sleep", "1000000"}, Template: &openshellv1.SandboxTemplate{Image: img},
+		}}); err != nil {
+			b.Fatal(err)
+		}
+		waitReadyFast(ctx, b, c, name)
+		create = append(create, time.Since(start))
+		b.StopTimer()
+		run = append(run, dockerRunFirstOutput(b, host, img))
+		if _, err := c.DeleteSandbox(ctx, &openshellv1.DeleteSandboxRequest{Name: name}); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	mc, mr := median(create), median(run)
+	b.ReportMetric(float64(mc.Milliseconds()), "ms-create-ready")
+	b.ReportMetric(float64(mr.Milliseconds()), "ms-docker-run")
+	b.ReportMetric(float64(mc)/float64(mr), "ratio")
+}
+
+// dockerRunFirstOutput times `docker run --rm --network none img echo
+// ready` from start to the first byte of its output.
+func dockerRunFirstOutput(tb testing.TB, host, img string) time.Duration {
+	tb.Helper()
+	cmd := exec.Command("docker", "run", "--rm", "--network", "none", img, "echo", "ready")
+	cmd.Env = append(os.Environ(), "DOCKER_HOST="+host)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	var one [1]byte
+	if _, err := io.ReadFull(out, one[:]); err != nil {
+		tb.Fatalf("docker run printed nothing: %v", err)
+	}
+	d := time.Since(start)
+	_, _ = io.Copy(io.Discard, out)
+	if err := cmd.Wait(); err != nil {
+		tb.Fatalf("docker run: %v", err)
+	}
+	return d
+}
+
+func median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
