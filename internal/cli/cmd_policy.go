@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
 
@@ -89,6 +91,16 @@ func scopeWhat(name string, global bool) string {
 		return ""
 	}
 	return sandboxWhat(name)
+}
+
+// objectError converts the error of an RPC about an object inside sandbox
+// name (a policy revision, a draft chunk): a NotFound that is not about the
+// sandbox itself names that object, not the sandbox.
+func (a *app) objectError(err error, name, object string) error {
+	if st, ok := status.FromError(err); ok && st.Code() == codes.NotFound && !strings.HasPrefix(st.Message(), "sandbox") {
+		return &userError{msg: fmt.Sprintf("%s not found in sandbox %q", object, name), cause: err}
+	}
+	return a.rpcError(err, sandboxWhat(name))
 }
 
 // confirmGlobal asks before a global change unless yes; without a terminal
@@ -410,8 +422,16 @@ func (a *app) printPolicyYAML(p *sandboxv1.SandboxPolicy) error {
 
 func (a *app) policyGetRevision(ctx context.Context, c openshellv1.OpenShellClient, name string, rev uint32, global, full, base bool) error {
 	st, err := c.GetSandboxPolicyStatus(ctx, &openshellv1.GetSandboxPolicyStatusRequest{Name: name, Version: rev, Global: global, Workspace: a.ws()})
-	if err != nil {
-		return a.rpcError(err, scopeWhat(name, global))
+	switch {
+	case err == nil:
+	case global && status.Code(err) == codes.NotFound && rev == 0:
+		st = &openshellv1.GetSandboxPolicyStatusResponse{} // none set: as OpenShell, say so below
+	case global && status.Code(err) == codes.NotFound:
+		return &userError{msg: fmt.Sprintf("global policy revision %d not found", rev), cause: err}
+	case global:
+		return a.rpcError(err, "")
+	default:
+		return a.objectError(err, name, fmt.Sprintf("policy revision %d", rev))
 	}
 	r := st.GetRevision()
 	if r == nil {

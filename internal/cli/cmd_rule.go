@@ -79,6 +79,8 @@ func (a *app) chunkIDFlag(cmd *cobra.Command, dst *string, usage string) {
 	})
 }
 
+func chunkWhat(id string) string { return fmt.Sprintf("draft chunk '%s'", id) }
+
 func needChunkID(id string) error {
 	if id == "" {
 		return usagef("--chunk-id is required ('openshell rule get NAME' lists the chunks)")
@@ -235,11 +237,11 @@ evaluated the gateway refreshes it and asks for a new review ('rule get' again).
 				}
 			}
 			if !found {
-				return &userError{msg: fmt.Sprintf("draft chunk '%s' not found", id)}
+				return &userError{msg: fmt.Sprintf("%s not found in sandbox %q", chunkWhat(id), name)}
 			}
 			out, err := c.ApproveDraftChunk(cmd.Context(), &openshellv1.ApproveDraftChunkRequest{Name: name, ChunkId: id, ReviewToken: token, Workspace: a.ws()})
 			if err != nil {
-				return a.rpcError(err, sandboxWhat(name))
+				return a.objectError(err, name, chunkWhat(id))
 			}
 			_, _ = fmt.Fprintf(a.stdout, "Chunk approved. Policy version: %d, hash: %s\n", out.GetPolicyVersion(), shortHash(out.GetPolicyHash()))
 			return nil
@@ -258,7 +260,7 @@ approved chunk takes its binary out of the rule again (a new revision).`,
 				return err
 			}
 			if _, err := c.RejectDraftChunk(cmd.Context(), &openshellv1.RejectDraftChunkRequest{Name: name, ChunkId: id, Reason: reason, Workspace: a.ws()}); err != nil {
-				return a.rpcError(err, sandboxWhat(name))
+				return a.objectError(err, name, chunkWhat(id))
 			}
 			_, _ = fmt.Fprintln(a.stdout, "Chunk rejected.")
 			return nil
@@ -317,7 +319,7 @@ review token). Not in OpenShell's CLI.`,
 				return &userError{msg: fmt.Sprintf("invalid rule file %s: %v", file, err), cause: err}
 			}
 			if _, err := c.EditDraftChunk(cmd.Context(), &openshellv1.EditDraftChunkRequest{Name: name, ChunkId: id, ProposedRule: rule, Workspace: a.ws()}); err != nil {
-				return a.rpcError(err, sandboxWhat(name))
+				return a.objectError(err, name, chunkWhat(id))
 			}
 			_, _ = fmt.Fprintln(a.stdout, "Chunk updated.")
 			return nil
@@ -339,7 +341,7 @@ revision) and the chunk is pending again. Not in OpenShell's CLI.`,
 			}
 			out, err := c.UndoDraftChunk(cmd.Context(), &openshellv1.UndoDraftChunkRequest{Name: name, ChunkId: id, Workspace: a.ws()})
 			if err != nil {
-				return a.rpcError(err, sandboxWhat(name))
+				return a.objectError(err, name, chunkWhat(id))
 			}
 			_, _ = fmt.Fprintf(a.stdout, "Chunk approval undone. Policy version: %d, hash: %s\n", out.GetPolicyVersion(), shortHash(out.GetPolicyHash()))
 			return nil

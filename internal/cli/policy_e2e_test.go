@@ -117,6 +117,10 @@ func TestPolicyCommandsRealGateway(t *testing.T) {
 	if r.err != nil || !strings.Contains(r.stderr, "Policy version 2 submitted (hash: ") || !strings.Contains(r.stderr, "Policy version 2 loaded (active version: 2)") {
 		t.Fatalf("policy set --wait = %v\n%s", r.err, r.stderr)
 	}
+	// The same file again stores nothing.
+	if r := tt.run("policy", "set", "pol", "--policy", v2); r.err != nil || !strings.Contains(r.stderr, "Policy unchanged (version 2, hash: ") {
+		t.Errorf("policy set of the policy in force = %v %q", r.err, r.stderr)
+	}
 	if got := revisions(); len(got) != 2 || got[0] != "2:loaded" {
 		t.Errorf("revisions = %v, want version 2 loaded first", got)
 	}
@@ -160,6 +164,13 @@ func TestPolicyCommandsRealGateway(t *testing.T) {
 	if out := mustRun(t, tt, "policy", "get", "pol", "-o", "yaml"); !strings.Contains(out, "version: 2\n") || strings.Contains(out, "policy:") {
 		t.Errorf("policy get -o yaml (no --full) = %q", out)
 	}
+	// A missing revision is named as such, not as a missing sandbox.
+	if r := tt.run("policy", "get", "pol", "--rev", "9"); r.code() != 1 || r.err.Error() != `policy revision 9 not found in sandbox "pol"` {
+		t.Errorf("policy get --rev 9 = %v", r.err)
+	}
+	if r := tt.run("policy", "get", "nope", "--rev", "1"); r.code() != 1 || r.err.Error() != `sandbox "nope" not found in workspace "default"` {
+		t.Errorf("policy get nope --rev 1 = %v", r.err)
+	}
 	if r := tt.run("policy", "get", "nope"); r.code() != 1 || r.err.Error() != `sandbox "nope" not found in workspace "default"` {
 		t.Errorf("policy get nope = %v", r.err)
 	}
@@ -167,8 +178,15 @@ func TestPolicyCommandsRealGateway(t *testing.T) {
 		t.Errorf("policy get without a name: code %d", r.code())
 	}
 
-	// Global policy: confirmation required without a terminal; set, shown,
-	// in force over the sandbox's own, removed.
+	// Global policy: none yet (as OpenShell: a note, exit 0); confirmation
+	// required without a terminal; set, shown, in force over the sandbox's
+	// own, removed.
+	if r := tt.run("policy", "get", "--global"); r.err != nil || r.stdout != "" || r.stderr != "No global policy history found\n" {
+		t.Errorf("policy get --global with none set = %v %q %q", r.err, r.stdout, r.stderr)
+	}
+	if r := tt.run("policy", "get", "--global", "--rev", "3"); r.code() != 1 || r.err.Error() != "global policy revision 3 not found" {
+		t.Errorf("policy get --global --rev 3 = %v", r.err)
+	}
 	if r := tt.run("policy", "set", "--global", "--policy", v2); r.code() != 2 || !strings.Contains(r.err.Error(), "pass --yes in non-interactive mode") {
 		t.Errorf("policy set --global without --yes = %v (code %d)", r.err, r.code())
 	}

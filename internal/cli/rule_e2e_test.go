@@ -127,8 +127,14 @@ func TestRuleCommandsRealGateway(t *testing.T) {
 	if r := tt.run("rule", "approve", "adv", "--chunk-id", meta); r.code() != 1 || !strings.Contains(r.err.Error(), "proposed rule endpoint host '169.254.169.254'") {
 		t.Errorf("rule approve (metadata host) = %v", r.err)
 	}
-	if r := tt.run("rule", "approve", "adv", "--chunk-id", "nope"); r.code() != 1 || r.err.Error() != "draft chunk 'nope' not found" {
-		t.Errorf("rule approve nope = %v", r.err)
+	// A missing chunk is named as such, not as a missing sandbox.
+	for _, verb := range []string{"approve", "reject", "undo"} {
+		if r := tt.run("rule", verb, "adv", "--chunk-id", "nope"); r.code() != 1 || r.err.Error() != `draft chunk 'nope' not found in sandbox "adv"` {
+			t.Errorf("rule %s --chunk-id nope = %v", verb, r.err)
+		}
+	}
+	if r := tt.run("rule", "reject", "gone", "--chunk-id", "nope"); r.code() != 1 || r.err.Error() != `sandbox "gone" not found in workspace "default"` {
+		t.Errorf("rule reject in a missing sandbox = %v", r.err)
 	}
 	if r := tt.run("rule", "approve", "adv"); r.code() != 2 || !strings.Contains(r.err.Error(), "--chunk-id is required") {
 		t.Errorf("rule approve without --chunk-id = %v", r.err)
