@@ -14,6 +14,7 @@ import (
 type Launch struct {
 	conf    *Confinement
 	started bool
+	dir     string // working directory, for errors
 }
 
 // Command returns a command that runs argv confined by c, with env
@@ -51,7 +52,7 @@ func (c *Confinement) Command(argv, env []string, dir string) (*exec.Cmd, *Launc
 	}
 	// cmd.Start refuses to run it: only Launch.Start clears Err.
 	cmd := &exec.Cmd{Path: path, Args: argv, Env: env, Dir: dir, Err: errNotLaunched}
-	return cmd, &Launch{conf: c}, nil
+	return cmd, &Launch{conf: c, dir: dir}, nil
 }
 
 // errNotLaunched is what an agent command started without Launch.Start
@@ -89,7 +90,9 @@ func (l *Launch) Started(startErr error) error {
 		return errNotLaunched
 	}
 	if startErr != nil {
-		return fmt.Errorf("agent process: %w", startErr)
+		// os/exec names the program; a working directory the agent may
+		// not enter fails the same way (EACCES, ENOENT).
+		return fmt.Errorf("agent process (as uid %d in %s): %w", l.conf.User.UID, l.dir, startErr)
 	}
 	return nil
 }
