@@ -24,7 +24,7 @@ import (
 // serveProxy accepts agent connections on a loopback listener and hands
 // every absolute-form request to r, as the egress proxy does. It returns
 // the proxy URL.
-func serveProxy(t *testing.T, r *Router) *url.URL {
+func serveProxy(t testing.TB, r *Router) *url.URL {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
