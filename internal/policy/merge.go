@@ -358,3 +358,75 @@ func portList(ps []uint32) string {
 	}
 	return "[" + strings.Join(s, ", ") + "]"
 }
+
+// Covers reports whether p already grants everything rule asks for (as
+// OpenShell's policy_covers_rule): for every endpoint, port and binary of
+// rule (every binary when it names none), some rule of p whose binaries
+// include it (or that allows any binary) has an endpoint at that host,
+// path and port whose L7 rules, deny rules and allowed_ips contain the
+// proposed ones and whose protocol and access match where the proposal
+// sets them; any other field the proposal sets must be equal.
+func Covers(p *sandboxv1.SandboxPolicy, rule *sandboxv1.NetworkPolicyRule) bool {
+	if len(rule.GetEndpoints()) == 0 {
+		return false
+	}
+	for _, want := range rule.GetEndpoints() {
+		for _, port := range endpointPorts(want) {
+			covered := func(bin string) bool {
+				for _, r := range p.GetNetworkPolicies() {
+					scope := len(r.GetBinaries()) == 0 || (bin != "" && slices.ContainsFunc(r.GetBinaries(), func(b *sandboxv1.NetworkBinary) bool { return b.GetPath() == bin }))
+					if scope && slices.ContainsFunc(r.GetEndpoints(), func(have *sandboxv1.NetworkEndpoint) bool { return endpointCovers(have, want, port) }) {
+						return true
+					}
+				}
+				return false
+			}
+			if len(rule.GetBinaries()) == 0 && !covered("") {
+				return false
+			}
+			for _, b := range rule.GetBinaries() {
+				if !covered(b.GetPath()) {
+					return false
+				}
+			}
+		}
+	}
+	return true
+}
+
+func endpointCovers(have, want *sandboxv1.NetworkEndpoint, port uint32) bool {
+	if !strings.EqualFold(have.GetHost(), want.GetHost()) || have.GetPath() != want.GetPath() || !slices.Contains(endpointPorts(have), port) {
+		return false
+	}
+	if (want.GetProtocol() != "" && want.GetProtocol() != have.GetProtocol()) || (want.GetAccess() != "" && want.GetAccess() != have.GetAccess()) {
+		return false
+	}
+	containsAll := func(have, want []proto.Message) bool {
+		return !slices.ContainsFunc(want, func(w proto.Message) bool {
+			return !slices.ContainsFunc(have, func(h proto.Message) bool { return proto.Equal(h, w) })
+		})
+	}
+	if !containsAll(messages(have.GetRules()), messages(want.GetRules())) || !containsAll(messages(have.GetDenyRules()), messages(want.GetDenyRules())) {
+		return false
+	}
+	for _, ip := range want.GetAllowedIps() {
+		if !slices.Contains(have.GetAllowedIps(), ip) {
+			return false
+		}
+	}
+	rest := func(e *sandboxv1.NetworkEndpoint) *sandboxv1.NetworkEndpoint {
+		c := proto.Clone(e).(*sandboxv1.NetworkEndpoint)
+		c.Host, c.Port, c.Ports, c.Path, c.Protocol, c.Access, c.Rules, c.DenyRules, c.AllowedIps = "", 0, nil, "", "", "", nil, nil, nil
+		return c
+	}
+	w := rest(want)
+	return proto.Equal(w, &sandboxv1.NetworkEndpoint{}) || proto.Equal(w, rest(have))
+}
+
+func messages[T proto.Message](in []T) []proto.Message {
+	out := make([]proto.Message, len(in))
+	for i, m := range in {
+		out[i] = m
+	}
+	return out
+}

@@ -184,3 +184,30 @@ func TestApplyLosesNoUpdate(t *testing.T) {
 		t.Fatalf("only %d of %d writers succeeded", ok, writers)
 	}
 }
+
+func TestCovers(t *testing.T) {
+	p := base()
+	p.NetworkPolicies["gh"].Endpoints[0].AllowedIps = []string{"10.0.0.1"}
+	for _, tc := range []struct {
+		name string
+		rule *sandboxv1.NetworkPolicyRule
+		want bool
+	}{
+		{"same binary and endpoint", &sandboxv1.NetworkPolicyRule{Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "API.github.com", Port: 443}}, Binaries: bins("/usr/bin/gh")}, true},
+		{"other binary", &sandboxv1.NetworkPolicyRule{Endpoints: []*sandboxv1.NetworkEndpoint{ep("api.github.com", 443)}, Binaries: bins("/usr/bin/curl")}, false},
+		{"any-binary rule covers every binary", &sandboxv1.NetworkPolicyRule{Endpoints: []*sandboxv1.NetworkEndpoint{ep("pypi.org", 443)}, Binaries: bins("/usr/bin/pip")}, true},
+		{"any-binary proposal needs an any-binary rule", &sandboxv1.NetworkPolicyRule{Endpoints: []*sandboxv1.NetworkEndpoint{ep("api.github.com", 443)}}, false},
+		{"one of two ports", &sandboxv1.NetworkPolicyRule{Endpoints: []*sandboxv1.NetworkEndpoint{ep("multi.test", 443)}, Binaries: bins("/usr/bin/curl")}, true},
+		{"a port not granted", &sandboxv1.NetworkPolicyRule{Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "multi.test", Ports: []uint32{443, 8443}}}, Binaries: bins("/usr/bin/curl")}, false},
+		{"allowed_ips contained", &sandboxv1.NetworkPolicyRule{Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.github.com", Port: 443, AllowedIps: []string{"10.0.0.1"}}}, Binaries: bins("/usr/bin/gh")}, true},
+		{"allowed_ips not contained", &sandboxv1.NetworkPolicyRule{Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "pypi.org", Port: 443, AllowedIps: []string{"10.0.0.2"}}}}, false},
+		{"an L7 rule not granted", &sandboxv1.NetworkPolicyRule{Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.github.com", Port: 443, Protocol: "rest",
+			Rules: []*sandboxv1.L7Rule{{Allow: &sandboxv1.L7Allow{Method: "PUT", Path: "/x"}}}}}, Binaries: bins("/usr/bin/gh")}, false},
+		{"another tls mode", &sandboxv1.NetworkPolicyRule{Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "pypi.org", Port: 443, Tls: "skip"}}}, false},
+		{"no endpoints", &sandboxv1.NetworkPolicyRule{Binaries: bins("/usr/bin/gh")}, false},
+	} {
+		if got := policy.Covers(p, tc.rule); got != tc.want {
+			t.Errorf("Covers(%s) = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -109,6 +109,32 @@ func TestDraftLifecycle(t *testing.T) {
 	}
 }
 
+// TestApprovalRejectsCoveredChunks: once a revision grants what a pending
+// chunk asks for, the chunk is rejected as covered.
+func TestApprovalRejectsCoveredChunks(t *testing.T) {
+	svc, _, id := setup(t)
+	admin := apitest.As(t.Context(), apitest.OIDCUser("aa"))
+	r := submit(t, svc, id, denial("/usr/bin/curl", "a.test", 443, 1), denial("/usr/bin/curl", "b.test", 443, 1))
+	a, b := r.GetAcceptedChunkIds()[0], r.GetAcceptedChunkIds()[1]
+	same := &sandboxv1.NetworkPolicyRule{Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "a.test", Port: 443}}, Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/curl"}}}
+	if _, err := svc.EditDraftChunk(admin, &openshellv1.EditDraftChunkRequest{Name: "pol", Workspace: "team-a", ChunkId: b, ProposedRule: same}); err != nil {
+		t.Fatal(err)
+	}
+	var token string
+	for _, c := range drafts(t, svc, "pending") {
+		if c.GetId() == a {
+			token = c.GetReviewToken()
+		}
+	}
+	if _, err := svc.ApproveDraftChunk(admin, &openshellv1.ApproveDraftChunkRequest{Name: "pol", Workspace: "team-a", ChunkId: a, ReviewToken: token}); err != nil {
+		t.Fatal(err)
+	}
+	rej := drafts(t, svc, "rejected")
+	if len(rej) != 1 || rej[0].GetId() != b || rej[0].GetRejectionReason() != "covered by active policy revision 2" {
+		t.Fatalf("rejected = %v, want the edited chunk covered by revision 2", rej)
+	}
+}
+
 // TestDraftFlagsMetadataAndNeverAutoApproves: with proposal_approval_mode
 // auto, a clean proposal is approved on arrival, a metadata host is
 // flagged link_local_reach, stays pending and cannot be approved.

@@ -173,14 +173,38 @@ func (d Drafts) save(ctx context.Context, c *chunk) error {
 
 // current is the sandbox's own newest policy (empty when it has none).
 func (d Drafts) current(ctx context.Context, sb Sandbox) (*sandboxv1.SandboxPolicy, error) {
+	rev, err := d.latest(ctx, sb)
+	return rev.GetPolicy(), err
+}
+
+// latest is the sandbox's own newest revision (version 0 and an empty
+// policy when it has none).
+func (d Drafts) latest(ctx context.Context, sb Sandbox) (*openshellv1.SandboxPolicyRevision, error) {
 	rev, err := d.History.Latest(ctx, sb.Sandbox)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return &sandboxv1.SandboxPolicy{}, nil
+		return &openshellv1.SandboxPolicyRevision{Policy: &sandboxv1.SandboxPolicy{}}, nil
 	}
+	return rev, err
+}
+
+// reconcile rejects the pending chunks of sb that revision rev already
+// covers ("covered by active policy revision N", OpenShell's text): they
+// would add nothing. A chunk changed meanwhile is left alone.
+func (d Drafts) reconcile(ctx context.Context, sb Sandbox, rev *openshellv1.SandboxPolicyRevision) error {
+	cs, err := d.list(ctx, sb.id())
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return rev.GetPolicy(), nil
+	for _, c := range cs {
+		if c.rec.Status != StatusPending || !policy.Covers(rev.GetPolicy(), c.p.GetProposedRule()) {
+			continue
+		}
+		err := d.decide(ctx, &c, StatusRejected, fmt.Sprintf("covered by active policy revision %d", rev.GetVersion()))
+		if err != nil && !errors.Is(err, errdefs.ErrConflict) {
+			return err
+		}
+	}
+	return nil
 }
 
 // evaluate fills the policy-dependent fields of p (candidate, hashes,
@@ -326,7 +350,10 @@ func (d Drafts) Approve(ctx context.Context, sb Sandbox, id, token string) (*ope
 	if err != nil {
 		return nil, err
 	}
-	return rev, d.decide(ctx, &c, StatusApproved, "")
+	if err := d.decide(ctx, &c, StatusApproved, ""); err != nil {
+		return nil, err
+	}
+	return rev, d.reconcile(ctx, sb, rev)
 }
 
 // Reject marks chunk id rejected with reason; an approved chunk's binary
@@ -592,10 +619,14 @@ func (d Drafts) Submit(ctx context.Context, sb Sandbox, req *openshellv1.SubmitP
 		draftVersion = max(draftVersion, c.p.GetDraftVersion())
 	}
 	draftVersion++
-	cur, err := d.current(ctx, sb)
+	latest, err := d.latest(ctx, sb)
 	if err != nil {
 		return nil, err
 	}
+	if err := d.reconcile(ctx, sb, latest); err != nil {
+		return nil, err
+	}
+	cur := latest.GetPolicy()
 	count := len(existing)
 	reject := func(reason string) {
 		resp.RejectedChunks++
@@ -809,5 +840,5 @@ func (d Drafts) ApproveAll(ctx context.Context, sb Sandbox, includeFlagged bool,
 			return rev, uint32(i), skipped, err
 		}
 	}
-	return rev, uint32(len(accepted)), skipped, nil
+	return rev, uint32(len(accepted)), skipped, d.reconcile(ctx, sb, rev)
 }
