@@ -15,6 +15,11 @@
 // workspace's name for its own; a provider's type resolves to a built-in,
 // then its workspace's, then a platform profile.
 //
+// Credential refresh (refresh.go) keeps its material in a separate
+// "provider_refresh" object, secret material sealed, and mints with
+// golang.org/x/oauth2; a rotation swaps value and expiry in one CAS write
+// of the provider, a failed one removes the value.
+//
 // Store is safe for concurrent use; every write is conditional on the
 // resource version read (CAS), conflicts are *store.ConflictError
 // (Aborted).

@@ -285,7 +285,14 @@ func (s *Store) Delete(ctx context.Context, workspace, name string, inUse func(c
 		slices.Sort(users)
 		return false, errdefs.FailedPrecondition(fmt.Sprintf("provider '%s' is attached to sandbox(es): %s", name, strings.Join(users, ", ")))
 	}
-	return s.deleteAt(ctx, store.TypeProvider, cur.GetMetadata(), fmt.Sprintf("provider '%s'", name))
+	ok, err := s.deleteAt(ctx, store.TypeProvider, cur.GetMetadata(), fmt.Sprintf("provider '%s'", name))
+	if ok {
+		// Its refresh material goes with it.
+		if err := s.deleteRefreshStates(context.WithoutCancel(ctx), workspace, cur.GetMetadata().GetId()); err != nil {
+			return true, fmt.Errorf("provider '%s' deleted, its refresh material not: %w", name, err)
+		}
+	}
+	return ok, err
 }
 
 // deleteAt removes the object of objType described by m at m's version:

@@ -2,8 +2,10 @@
 // provider CRUD (Create/Get/List/Update/DeleteProvider), provider profiles
 // (the built-in catalog plus user profiles: List/Get/Import/Update/Lint/
 // DeleteProviderProfile, profiles.go), sandbox attachments
-// (List/Attach/DetachSandboxProvider) and the provider environment a
-// sandbox's supervisor reads (GetSandboxProviderEnvironment).
+// (List/Attach/DetachSandboxProvider), credential refresh (Configure/
+// Delete/GetProviderRefresh*, RotateProviderCredential; refresh.go) and the
+// provider environment a sandbox's supervisor reads
+// (GetSandboxProviderEnvironment).
 //
 // Authorization: provider reads need the user role in the workspace,
 // writes the admin role (the server's per-RPC rule), and here membership
@@ -18,8 +20,6 @@
 // of each provider's profile; the supervisor gives agent processes
 // placeholders and resolves them in its egress proxy. Error texts never
 // name a value.
-//
-// Not implemented here (they answer Unimplemented): the refresh RPCs.
 package providers
 
 import (
