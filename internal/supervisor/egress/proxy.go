@@ -355,9 +355,10 @@ func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http
 		}
 		admit := func(u *upConn) bool { return p.recheck(decisions, u.ip) == nil }
 		if up != nil && (up.host != host || up.port != port || !admit(up)) {
-			// Another destination (this one may serve another client),
-			// or the current policy no longer admits its address.
-			p.release(up, clean && admit(up))
+			// Another destination, or this caller's policy no longer
+			// admits its address: it goes back to the pool, whose take
+			// checks the policy of the request it serves next.
+			p.release(up, clean)
 			up = nil
 		}
 		if up == nil {
