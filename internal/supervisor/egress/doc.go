@@ -33,8 +33,12 @@
 //  5. resolves provider credential placeholders in each admitted HTTP
 //     request through Config.Credentials (package egress/placeholder;
 //     credentials.go);
-//  6. reports the decision as an Event and counts denials in Denials.
+//  6. reports the decision as an Event, counts it in Config.Metrics and
+//     counts denials in Denials.
 //
 // Dialing happens outside the sandbox's network namespace through the
 // Config.Dial function; the supervisor uses package hostdial for it.
+// Upstream connections of plain HTTP requests and of terminated tunnels
+// that end cleanly are pooled by host and port (pool.go) and taken again
+// only when the current policy admits the address they reach.
 package egress

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"bufio"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 )
 
 // closingUpstream answers every request with 200 "ok" and then closes the
@@ -162,4 +165,83 @@ func TestUpPoolBoundsAndExpiry(t *testing.T) {
 	if u := p.take("h", 80, func(*upConn) bool { return true }, func(*upConn) { dropped++ }); u != nil || dropped != maxIdlePerDest {
 		t.Errorf("take after the idle timeout = %v, dropped %d; want nil and %d dropped", u, dropped, maxIdlePerDest)
 	}
+}
+
+// waitTLSPooled waits until the proxy's TLS pool holds n connections.
+func waitTLSPooled(t *testing.T, p *Proxy, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p.tlsPool.mu.Lock()
+		got := p.tlsPool.n
+		p.tlsPool.mu.Unlock()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("TLS pool holds %d connections, want %d", got, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Terminated tunnels to a REST endpoint leave their upstream TLS
+// connection in a pool: the next tunnel to the same host and port reuses
+// it (no new TCP connection or handshake upstream), only while the
+// current policy admits its address; one the upstream closed is replaced.
+func TestProxyPoolsUpstreamTLS(t *testing.T) {
+	u := newTLSUpstream(t)
+	conns := &u.conns
+	tp, ca := startTerminating(t, u.port, upstreamPool(u))
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Certificate())
+	target := fmt.Sprintf("https://example.com:%d/repos/x", u.port)
+	get := func(i int) int {
+		t.Helper()
+		c := httpsClient(tp, roots) // a new tunnel each time
+		defer c.CloseIdleConnections()
+		resp, err := c.Get(target)
+		if err != nil {
+			t.Fatalf("tunnel %d: %v", i, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == 200 && string(body) != "secure GET /repos/x" {
+			t.Fatalf("tunnel %d: %q", i, body)
+		}
+		return resp.StatusCode
+	}
+	for i := range 3 {
+		if code := get(i); code != 200 {
+			t.Fatalf("tunnel %d: %d", i, code)
+		}
+		waitTLSPooled(t, tp.proxy, 1)
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("upstream accepted %d connections for 3 tunnels, want 1 (pooled)", n)
+	}
+	if ev := tp.events.last(t); ev.Kind != "http" || ev.Decision != "allow" || ev.IP != "127.0.0.1" {
+		t.Errorf("event = %+v, want an allowed request with the address", ev)
+	}
+
+	// The upstream closes its connections: the pooled one is replaced.
+	u.srv.CloseClientConnections()
+	if code := get(3); code != 200 {
+		t.Fatalf("after the upstream closed the pooled connection: %d, want 200", code)
+	}
+	if n := conns.Load(); n != 2 {
+		t.Errorf("upstream accepted %d connections, want 2", n)
+	}
+	waitTLSPooled(t, tp.proxy, 1)
+
+	// A reload that no longer admits loopback: the pooled connection is
+	// not used, the CONNECT is refused.
+	rules := map[string]*sandboxv1.NetworkPolicyRule{"api": {Name: "api", Endpoints: []*sandboxv1.NetworkEndpoint{{
+		Host: "example.com", Port: u.port, Protocol: "rest", Enforcement: "enforce", Access: "read-only"}},
+		Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/curl"}}}}
+	tp.proxy.SetSnapshot(mustCompile(t, rules))
+	if code, _ := connect(t, tp.url, fmt.Sprintf("example.com:%d", u.port)); code != http.StatusForbidden {
+		t.Errorf("CONNECT after the reload = %d, want 403", code)
+	}
+	waitTLSPooled(t, tp.proxy, 0)
 }

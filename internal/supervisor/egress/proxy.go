@@ -93,7 +93,8 @@ type Event struct {
 type Proxy struct {
 	cfg     Config
 	snap    atomic.Pointer[Snapshot]
-	pool    upPool // idle upstream connections of forwarded http:// requests
+	pool    upPool // idle upstream connections of plain HTTP requests
+	tlsPool upPool // idle upstream TLS connections of terminated tunnels
 	guard   ssrfGuard
 	Denials *Denials
 
@@ -125,6 +126,7 @@ func (p *Proxy) SetSnapshot(snap *Snapshot) { p.snap.Store(snap) }
 // connections in flight (an idle tunnel would otherwise hold the
 // supervisor's shutdown) and waits for their handlers.
 func (p *Proxy) Serve(ln net.Listener) error {
+	defer p.tlsPool.drain(p.discard)
 	defer p.pool.drain(p.discard)
 	defer p.wg.Wait()
 	defer p.closeAll()
@@ -224,32 +226,46 @@ func (p *Proxy) handle(c net.Conn) {
 	ev.Host, ev.Port = host, port
 	decisions, status := p.decide(callers, idErr, host, port, &ev)
 	var upstream net.Conn
+	var pooled *upConn // an idle TLS connection for an inspected tunnel
 	inspect := decisions != nil && inspectTunnel(decisions)
 	if decisions != nil && skipped(decisions) {
 		ev.Reason = "tls skip: the tunnel is relayed uninspected, REST rules do not apply"
 	}
-	if decisions != nil {
+	if inspect {
+		pooled = p.tlsPool.take(host, port, func(u *upConn) bool { return p.recheck(decisions, u.ip) == nil }, p.discard)
+	}
+	switch {
+	case pooled != nil:
+		ev.IP = pooled.ip.String()
+		if ev.Decision == "" {
+			ev.Decision = "allow"
+		}
+	case decisions != nil:
 		upstream, status = p.dial(decisions, host, port, &ev)
 	}
 	p.emit(&ev)
-	if upstream == nil {
+	if upstream == nil && pooled == nil {
 		writeStatus(c, status, ev.Reason)
 		return
 	}
-	defer upstream.Close()
-	if !p.track(upstream) {
-		return
-	}
-	defer p.untrack(upstream)
-	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
+	if upstream != nil && !p.track(upstream) {
+		upstream.Close()
 		return
 	}
 	if inspect {
-		p.serveInspected(c, br, upstream, decisions, host, port, req.Host, ev)
+		// serveInspected owns upstream and pooled from here.
+		p.serveInspected(c, br, upstream, pooled, decisions, host, port, req.Host, ev)
+		return
+	}
+	defer upstream.Close()
+	defer p.untrack(upstream)
+	if _, err := io.WriteString(c, connectOK); err != nil {
 		return
 	}
 	splice(c, br, upstream)
 }
+
+const connectOK = "HTTP/1.1 200 Connection Established\r\n\r\n"
 
 // capReader lets the request reader bound header sizes: while limit > 0,
 // reads stop (hit) once limit bytes came through.
@@ -422,7 +438,11 @@ func (p *Proxy) dialUp(decisions []Decision, host string, port uint32, ev *Event
 // release returns u to the pool when reusable (at a message boundary) and
 // the pool has room, else closes it.
 func (p *Proxy) release(u *upConn, reusable bool) {
-	if reusable && p.pool.put(u) {
+	p.releaseTo(&p.pool, u, reusable)
+}
+
+func (p *Proxy) releaseTo(pool *upPool, u *upConn, reusable bool) {
+	if reusable && pool.put(u) {
 		return
 	}
 	p.discard(u)
@@ -431,7 +451,7 @@ func (p *Proxy) release(u *upConn, reusable bool) {
 // discard closes u.
 func (p *Proxy) discard(u *upConn) {
 	u.Close()
-	p.untrack(u.Conn)
+	p.untrack(u.tracked)
 }
 
 // upConn is a connection to a checked destination with its buffers,
@@ -443,6 +463,9 @@ type upConn struct {
 	host string
 	port uint32
 	ip   netip.Addr // the checked address dialed
+	// tracked is the connection Proxy.track knows (the TCP connection
+	// under a TLS one).
+	tracked net.Conn
 	// reused: it has carried a whole exchange already (so the upstream
 	// may have closed it since); idleSince: when it entered the pool.
 	reused    bool
@@ -450,7 +473,7 @@ type upConn struct {
 }
 
 func newUpstream(c net.Conn, host string, port uint32, ip netip.Addr) *upConn {
-	return &upConn{Conn: c, br: bufio.NewReaderSize(c, bufSize), bw: bufio.NewWriterSize(c, bufSize), host: host, port: port, ip: ip}
+	return &upConn{Conn: c, tracked: c, br: bufio.NewReaderSize(c, bufSize), bw: bufio.NewWriterSize(c, bufSize), host: host, port: port, ip: ip}
 }
 
 // recheck applies the SSRF guard of decisions to ip, an address already

@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -151,21 +152,64 @@ func skipped(decisions []Decision) bool {
 }
 
 // serveInspected serves an allowed CONNECT tunnel to host:port whose
-// endpoints have protocol rest (raw is the dialed upstream TCP
-// connection). As in OpenShell, TLS is detected from the first byte the
-// agent sends: TLS is terminated with a leaf of the sandbox CA (HTTP/1.1
-// only) and re-opened upstream, verified against Config.UpstreamRoots (nil:
-// the system roots); anything else is read as plain HTTP/1.1. Either way
-// each request is decided by the REST rules and forwarded as a plain
-// http:// request is. authority is the CONNECT target.
-func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, decisions []Decision, host string, port uint32, authority string, connEv Event) {
+// endpoints have protocol rest, upstream either raw (the dialed, tracked
+// TCP connection) or pooled (an idle TLS connection to host:port the
+// current policy admits); it owns both and answers the CONNECT. As in
+// OpenShell, TLS is detected from the first byte the agent sends: TLS is
+// terminated with a leaf of the sandbox CA (HTTP/1.1 only) and re-opened
+// upstream, verified against Config.UpstreamRoots (nil: the system roots),
+// or taken from the pool; anything else is read as plain HTTP/1.1 (a
+// pooled TLS connection then goes back and a TCP one is dialed). Either
+// way each request is decided by the REST rules and forwarded as a plain
+// http:// request is, and a clean upstream connection is pooled at the
+// end. authority is the CONNECT target.
+func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, pooled *upConn, decisions []Decision, host string, port uint32, authority string, connEv Event) {
+	var upc *upConn // where requests go, owned here
+	clean, isTLS := false, false
+	defer func() {
+		if upc != nil {
+			pool := &p.pool
+			if isTLS {
+				pool = &p.tlsPool
+			}
+			p.releaseTo(pool, upc, clean)
+		}
+		if raw != nil && (upc == nil || upc.tracked != raw) {
+			raw.Close()
+			p.untrack(raw)
+		}
+		if pooled != nil && upc != pooled {
+			p.releaseTo(&p.tlsPool, pooled, true)
+		}
+	}()
+	if _, err := io.WriteString(c, connectOK); err != nil {
+		return
+	}
 	_ = c.SetReadDeadline(time.Now().Add(headerTimeout))
 	first, err := br.Peek(1)
 	_ = c.SetReadDeadline(time.Time{})
 	if err != nil {
 		return
 	}
-	var client, up net.Conn = &prefixConn{Conn: c, r: br}, raw
+	var client net.Conn = &prefixConn{Conn: c, r: br}
+	ip, _ := netip.ParseAddr(connEv.IP)
+	// dialUp opens a new upstream connection (TLS when isTLS); on failure
+	// it answers 502 in the tunnel and logs the denial.
+	dialUp := func() *upConn {
+		ev := connEv
+		u, status := p.dialUp(decisions, host, port, &ev)
+		if u != nil && isTLS {
+			u, err = p.upstreamTLS(u, host, port)
+			if err != nil {
+				ev.Decision, ev.Reason, status = "deny", err.Error(), http.StatusBadGateway
+			}
+		}
+		if u == nil {
+			p.emit(&ev)
+			writeStatus(client, status, ev.Reason)
+		}
+		return u
+	}
 	if first[0] == 0x16 { // a TLS handshake record
 		if p.cfg.CA == nil {
 			ev := connEv
@@ -193,21 +237,31 @@ func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, decis
 		}
 		_ = c.SetDeadline(time.Time{})
 		defer func() { _ = tc.Close() }()
-		client = tc
-		utc := tls.Client(raw, &tls.Config{ServerName: host, RootCAs: p.cfg.UpstreamRoots, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
-		_ = raw.SetDeadline(time.Now().Add(p.cfg.DialTimeout))
-		if err := utc.Handshake(); err != nil {
-			ev := connEv
-			ev.Decision, ev.Reason = "deny", fmt.Sprintf("upstream tls %s:%d: %v", host, port, err)
-			p.emit(&ev)
-			writeStatus(client, http.StatusBadGateway, ev.Reason)
-			return
+		client, isTLS = tc, true
+		switch {
+		case pooled != nil:
+			upc = pooled
+		default:
+			var err error
+			if upc, err = p.upstreamTLS(newUpstream(raw, host, port, ip), host, port); err != nil {
+				upc = nil
+				ev := connEv
+				ev.Decision, ev.Reason = "deny", err.Error()
+				p.emit(&ev)
+				writeStatus(client, http.StatusBadGateway, ev.Reason)
+				return
+			}
 		}
-		_ = raw.SetDeadline(time.Time{})
-		up = utc
+	} else {
+		switch {
+		case raw != nil:
+			upc = newUpstream(raw, host, port, ip)
+		default: // the pooled connection is TLS: a TCP one is needed
+			if upc = dialUp(); upc == nil {
+				return
+			}
+		}
 	}
-	ip, _ := netip.ParseAddr(connEv.IP)
-	upc := newUpstream(up, host, port, ip)
 	cw := bufio.NewWriterSize(client, bufSize)
 	cr := &capReader{r: client}
 	cbr := bufio.NewReaderSize(cr, bufSize)
@@ -221,7 +275,7 @@ func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, decis
 			return
 		}
 		limit = httpHeaderLimit
-		ev := Event{Kind: "http", Host: host, Port: port, Method: req.Method, Binary: connEv.Binary, PID: connEv.PID, Policy: connEv.Policy, IP: connEv.IP}
+		ev := Event{Kind: "http", Host: host, Port: port, Method: req.Method, Binary: connEv.Binary, PID: connEv.PID, Policy: connEv.Policy, IP: upc.ip.String()}
 		if req.URL.IsAbs() || req.URL.Host != "" {
 			writeStatus(client, http.StatusBadRequest, "requests inside a terminated tunnel take origin-form targets")
 			return
@@ -241,10 +295,42 @@ func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, decis
 			ev.Decision = "allow"
 		}
 		p.emit(&ev)
-		if ok, _ := forward(client, cw, req, upc, false); !ok {
+		ok, retry := forward(client, cw, req, upc, true)
+		if retry {
+			// A reused connection the upstream had closed: once more on
+			// a new one (the request has no body and no side effects).
+			if upc == pooled {
+				pooled = nil
+			}
+			if upc.tracked == raw {
+				raw = nil
+			}
+			p.discard(upc)
+			if upc = dialUp(); upc == nil {
+				return
+			}
+			ok, _ = forward(client, cw, req, upc, false)
+		}
+		if clean = ok; !ok {
 			return
 		}
+		upc.reused = true
 	}
+}
+
+// upstreamTLS opens TLS over the TCP connection of u to host, verified
+// against Config.UpstreamRoots; on failure u is closed.
+func (p *Proxy) upstreamTLS(u *upConn, host string, port uint32) (*upConn, error) {
+	utc := tls.Client(u.Conn, &tls.Config{ServerName: host, RootCAs: p.cfg.UpstreamRoots, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
+	_ = u.SetDeadline(time.Now().Add(p.cfg.DialTimeout))
+	if err := utc.Handshake(); err != nil {
+		p.discard(u)
+		return nil, fmt.Errorf("upstream tls %s:%d: %w", host, port, err)
+	}
+	_ = u.SetDeadline(time.Time{})
+	t := newUpstream(utc, host, port, u.ip)
+	t.tracked = u.tracked
+	return t, nil
 }
 
 func hostForHeader(host string) string {

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,21 +23,28 @@ import (
 // tlsUpstream is a loopback HTTPS server (certificate for example.com and
 // 127.0.0.1) recording "METHOD path" of every request.
 type tlsUpstream struct {
-	srv  *httptest.Server
-	port uint32
-	mu   sync.Mutex
-	seen []string
+	srv   *httptest.Server
+	port  uint32
+	conns atomic.Int32 // connections accepted
+	mu    sync.Mutex
+	seen  []string
 }
 
 func newTLSUpstream(t *testing.T) *tlsUpstream {
 	t.Helper()
 	u := &tlsUpstream{}
-	u.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	u.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u.mu.Lock()
 		u.seen = append(u.seen, r.Method+" "+r.URL.RequestURI()+" host="+r.Host+" proto="+r.Proto)
 		u.mu.Unlock()
 		fmt.Fprintf(w, "secure %s %s", r.Method, r.URL.Path)
 	}))
+	u.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			u.conns.Add(1)
+		}
+	}
+	u.srv.StartTLS()
 	t.Cleanup(u.srv.Close)
 	_, ps, _ := net.SplitHostPort(u.srv.Listener.Addr().String())
 	n, _ := strconv.Atoi(ps)
