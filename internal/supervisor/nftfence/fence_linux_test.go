@@ -53,27 +53,28 @@ func skipOrFail(t testing.TB, format string, args ...any) {
 	t.Skipf(format, args...)
 }
 
-// TestFence runs TestFenceInNetns in a network namespace of its own
+// TestFence re-executes itself in a network namespace of its own
 // (CLONE_NEWNET), as root, so that the fence never touches the host's
-// network.
+// network, and there runs testFenceInNetns.
 func TestFence(t *testing.T) {
 	if os.Getenv(roleEnv) == "netns" {
-		t.Skip("already inside the test's network namespace")
+		testFenceInNetns(t)
+		return
 	}
 	if os.Geteuid() != 0 {
 		skipOrFail(t, "needs root: creates a network namespace and runs probes as uid %d", agentID)
 	}
 	exe := publicCopy(t)
-	cmd := exec.Command(exe, "-test.run=^TestFenceInNetns$", "-test.v", "-test.count=1")
+	cmd := exec.Command(exe, "-test.run=^TestFence$", "-test.v", "-test.count=1")
 	cmd.Env = append(os.Environ(), roleEnv+"=netns")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.CombinedOutput()
 	t.Logf("in a new network namespace:\n%s", out)
 	if err != nil {
-		t.Fatalf("TestFenceInNetns: %v", err)
+		t.Fatalf("TestFence in a new network namespace: %v", err)
 	}
-	if !strings.Contains(string(out), "--- PASS: TestFenceInNetns") {
-		t.Fatal("TestFenceInNetns did not pass")
+	if !strings.Contains(string(out), "--- PASS: TestFence") {
+		t.Fatal("TestFence did not pass in the new network namespace")
 	}
 }
 
@@ -104,15 +105,12 @@ func publicCopy(t *testing.T) string {
 	return exe
 }
 
-// TestFenceInNetns installs the fence for uid and gid agentID in the
+// testFenceInNetns installs the fence for uid and gid agentID in the
 // test's own network namespace, with the egress proxy on 127.0.0.1:3128
 // and loopback servers, and makes each attempt as agentID (fenced) and,
 // as a control, as root (not fenced), which must succeed where the fenced
 // attempt fails: what stops the agent is the fence.
-func TestFenceInNetns(t *testing.T) {
-	if os.Getenv(roleEnv) != "netns" {
-		t.Skip("runs inside TestFence's network namespace")
-	}
+func testFenceInNetns(t *testing.T) {
 	loUp(t)
 	// Let every group open ICMP datagram ("ping") sockets in this
 	// namespace, so that refusing ICMP is the fence's doing.
