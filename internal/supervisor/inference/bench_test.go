@@ -105,4 +105,3 @@ func p50(ds []time.Duration) time.Duration {
 	}
 	return s[len(s)/2]
 }
-
