@@ -3,6 +3,7 @@ package docker_test
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/volume"
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/openshell-go/openshell/internal/compute"
@@ -268,5 +270,31 @@ func TestRecoverAfterCrash(t *testing.T) {
 	dup := goodSandbox(ids[0], computetest.NewName())
 	if err := d2.Create(t.Context(), dup); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Errorf("Create(existing id) after restart = %v, want AlreadyExists", err)
+	}
+}
+
+// TestOrphanVolumeSwept: a workspace volume of this gateway without its
+// container (a create cut short between the two) is removed when the
+// driver opens; another gateway's volume is left alone.
+func TestOrphanVolumeSwept(t *testing.T) {
+	e := newEnv(t)
+	d1 := e.open(t, nil)
+	mine, theirs := computetest.NewID(), computetest.NewID()
+	for id, gw := range map[string]string{mine: d1.GatewayID(), theirs: "another-gateway"} {
+		_, err := e.cli.VolumeCreate(t.Context(), volume.CreateOptions{Name: "openshell-" + id + "-workspace", Labels: map[string]string{
+			docker.LabelGatewayID: gw, docker.LabelSandboxID: id,
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _ = e.cli.VolumeRemove(context.Background(), "openshell-"+theirs+"-workspace", true) })
+	d1.Close()
+	e.open(t, nil)
+	if v := volumesOf(t, e.cli, mine); len(v) != 0 {
+		t.Errorf("orphan volume of this gateway after Open: %v, want removed", v)
+	}
+	if v := volumesOf(t, e.cli, theirs); len(v) != 1 {
+		t.Errorf("another gateway's volume after Open: %v, want kept", v)
 	}
 }

@@ -80,7 +80,9 @@
 // kill -9, it finds its containers by label, and running containers are
 // never touched by Close or by the gateway's shutdown
 // (GatewayManagesLifecycle is false). Orphans (containers whose sandbox
-// the gateway does not know) are deleted by the gateway's recovery.
+// the gateway does not know) are deleted by the gateway's recovery; a
+// workspace volume of this gateway without its container (a create
+// interrupted between the two) is removed when the driver opens.
 //
 // Conditions: running: Ready=True/Running (InstanceID: container id and
 // start time, new on every start); created: Ready=False/Starting; stopped

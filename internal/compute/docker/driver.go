@@ -131,7 +131,34 @@ func Open(cfg map[string]any, deps compute.FactoryDeps) (*Driver, error) {
 		subs:      map[*subscriber]struct{}{},
 	}
 	d.logger.Info("docker engine reachable", "host", c.host, "api_version", cli.ClientVersion(), "gateway_id", gid)
+	d.sweepVolumes(ctx)
 	return d, nil
+}
+
+// sweepVolumes removes this gateway's workspace volumes that have no
+// container: what a create interrupted between the volume and the
+// container leaves. Failures are logged; nothing else is touched.
+func (d *Driver) sweepVolumes(ctx context.Context) {
+	vols, err := d.cli.VolumeList(ctx, volume.ListOptions{Filters: filters.NewArgs(filters.Arg("label", LabelGatewayID+"="+d.gatewayID))})
+	if err != nil {
+		d.logger.Warn("list workspace volumes", "error", err)
+		return
+	}
+	for _, v := range vols.Volumes {
+		id := v.Labels[LabelSandboxID]
+		if id == "" || v.Name != volumeName(id) {
+			continue
+		}
+		c, err := d.find(ctx, compute.Ref{ID: id})
+		if err != nil || c != nil {
+			continue
+		}
+		if err := d.cli.VolumeRemove(ctx, v.Name, false); err != nil {
+			d.logger.Warn("remove a workspace volume without its container", "volume", v.Name, "error", err)
+			continue
+		}
+		d.logger.Warn("removed a workspace volume without its container", "sandbox_id", id, "volume", v.Name)
+	}
 }
 
 // daemonError explains why the daemon at c.host cannot be reached: for a
