@@ -287,7 +287,8 @@ func egressResolver(log *slog.Logger, cfg Config, dialer *hostdial.Client) (egre
 		return r, nil
 	}
 	if dialer == nil {
-		return nil, nil // egress.Config: the system resolver
+		// Never nil: the inference router resolves through it too.
+		return net.DefaultResolver, nil
 	}
 	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, address string) (net.Conn, error) {
 		ap, err := netip.ParseAddrPort(address)

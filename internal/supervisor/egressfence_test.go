@@ -123,3 +123,21 @@ func TestGatewayAddrs(t *testing.T) {
 		t.Errorf("gatewayAddrs(localhost) = %v, want 127.0.0.1/32 among them", got)
 	}
 }
+
+// TestFenceModeResolver: in fence mode the proxy and the inference router
+// resolve names with the system resolver; a nil resolver made the router
+// panic on an upstream named by host name.
+func TestFenceModeResolver(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(t.Output(), nil))
+	r, err := egressResolver(log, Config{EgressFence: "nftables"}, nil)
+	if err != nil || r == nil {
+		t.Fatalf("egressResolver(fence mode) = %v, %v; want the system resolver", r, err)
+	}
+	addrs, err := r.LookupNetIP(t.Context(), "ip", "localhost")
+	for i := range addrs {
+		addrs[i] = addrs[i].Unmap() // the Go resolver may answer IPv4 in IPv6 form
+	}
+	if err != nil || !slices.Contains(addrs, netip.MustParseAddr("127.0.0.1")) {
+		t.Errorf("LookupNetIP(localhost) = %v, %v; want 127.0.0.1 among them", addrs, err)
+	}
+}
