@@ -17,6 +17,9 @@ const (
 	advisorInterval   = 2 * time.Second
 	advisorBackoffMin = time.Second
 	advisorBackoffMax = time.Minute
+	// advisorBatch is the most summaries one call carries (the gateway
+	// refuses more than 256).
+	advisorBatch = 256
 )
 
 // analysisSubmitter is the one RPC the advisor loop calls.
@@ -45,30 +48,39 @@ func submitDenials(ctx context.Context, log *slog.Logger, client analysisSubmitt
 		if dropped > 0 {
 			log.Warn("denial aggregate was full; some denials are not reported to the policy advisor", "dropped", dropped)
 		}
-		if len(groups) == 0 {
-			continue
-		}
-		req := &openshellv1.SubmitPolicyAnalysisRequest{Name: name, AnalysisMode: "mechanistic"}
-		for _, g := range groups {
-			s := &openshellv1.DenialSummary{
-				SandboxId: sandboxID, Host: g.Host, Port: g.Port, Binary: g.Binary,
-				FirstSeenMs: g.First.UnixMilli(), LastSeenMs: g.Last.UnixMilli(),
-				Count: uint32(min(g.Count, 1<<32-1)), TotalCount: uint32(min(g.Count, 1<<32-1)),
-				DenialStage: "connect",
+		for len(groups) > 0 {
+			batch := groups[:min(len(groups), advisorBatch)]
+			if err := submitBatch(ctx, log, client, sandboxID, name, batch); err != nil {
+				d.Restore(groups) // this batch and the ones not sent yet
+				wait = bo.next()
+				log.Warn("cannot submit denials to the policy advisor; retrying", "groups", len(groups), "retry_in", wait, "err", err)
+				break
 			}
-			if len(g.Reasons) > 0 {
-				s.DenyReason = g.Reasons[0]
-			}
-			req.Summaries = append(req.Summaries, s)
+			bo.reset()
+			groups = groups[len(batch):]
 		}
-		resp, err := client.SubmitPolicyAnalysis(ctx, req)
-		if err != nil {
-			d.Restore(groups)
-			wait = bo.next()
-			log.Warn("cannot submit denials to the policy advisor; retrying", "groups", len(groups), "retry_in", wait, "err", err)
-			continue
-		}
-		bo.reset()
-		log.Debug("denials submitted to the policy advisor", "groups", len(groups), "accepted", resp.GetAcceptedChunks(), "rejected", resp.GetRejectedChunks())
 	}
+}
+
+// submitBatch sends one SubmitPolicyAnalysis call for groups.
+func submitBatch(ctx context.Context, log *slog.Logger, client analysisSubmitter, sandboxID, name string, groups []egress.DenialGroup) error {
+	req := &openshellv1.SubmitPolicyAnalysisRequest{Name: name, AnalysisMode: "mechanistic"}
+	for _, g := range groups {
+		s := &openshellv1.DenialSummary{
+			SandboxId: sandboxID, Host: g.Host, Port: g.Port, Binary: g.Binary,
+			FirstSeenMs: g.First.UnixMilli(), LastSeenMs: g.Last.UnixMilli(),
+			Count: uint32(min(g.Count, 1<<32-1)), TotalCount: uint32(min(g.Count, 1<<32-1)),
+			DenialStage: "connect",
+		}
+		if len(g.Reasons) > 0 {
+			s.DenyReason = g.Reasons[0]
+		}
+		req.Summaries = append(req.Summaries, s)
+	}
+	resp, err := client.SubmitPolicyAnalysis(ctx, req)
+	if err != nil {
+		return err
+	}
+	log.Debug("denials submitted to the policy advisor", "groups", len(groups), "accepted", resp.GetAcceptedChunks(), "rejected", resp.GetRejectedChunks())
+	return nil
 }

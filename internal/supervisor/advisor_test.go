@@ -78,3 +78,28 @@ func TestSubmitDenials(t *testing.T) {
 		<-done
 	})
 }
+
+// TestSubmitDenialsBatches: more groups than one call may carry go in
+// several calls.
+func TestSubmitDenialsBatches(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		d := egress.NewDenials(300)
+		for i := range 300 {
+			d.Add("/usr/bin/curl", "a.test", uint32(1000+i))
+		}
+		f := &fakeSubmitter{}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			submitDenials(ctx, slog.New(slog.DiscardHandler), f, "sb-id", "sb", d, time.Second)
+		}()
+		time.Sleep(1500 * time.Millisecond)
+		synctest.Wait()
+		cancel()
+		<-done
+		if len(f.got) != 2 || len(f.got[0].GetSummaries()) != advisorBatch || len(f.got[1].GetSummaries()) != 300-advisorBatch {
+			t.Fatalf("%d calls, want 2 of %d and %d summaries", len(f.got), advisorBatch, 300-advisorBatch)
+		}
+	})
+}

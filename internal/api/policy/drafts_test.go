@@ -109,6 +109,29 @@ func TestDraftLifecycle(t *testing.T) {
 	}
 }
 
+// TestSubmitBounds: oversized rules and calls are refused.
+func TestSubmitBounds(t *testing.T) {
+	svc, _, id := setup(t)
+	sup := apitest.As(t.Context(), apitest.Sandbox(id))
+	big := &sandboxv1.NetworkPolicyRule{Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "a.test", Port: 443, AllowedIps: make([]string, 3000)}}}
+	for i := range big.Endpoints[0].AllowedIps {
+		big.Endpoints[0].AllowedIps[i] = "10.0.0.1"
+	}
+	r, err := svc.SubmitPolicyAnalysis(sup, &openshellv1.SubmitPolicyAnalysisRequest{Name: "pol", AnalysisMode: "agent_authored", ProposedChunks: []*openshellv1.PolicyChunk{
+		{RuleName: "big", ProposedRule: big}, {RuleName: "_provider_x", ProposedRule: big}, {RuleName: "none"},
+	}})
+	if err != nil || r.GetAcceptedChunks() != 0 || len(r.GetRejectionReasons()) != 3 || r.GetRejectionReasons()[0] != "chunk 'big': proposed_rule exceeds 16384 bytes" ||
+		r.GetRejectionReasons()[1] != "chunk '_provider_x' uses reserved '_provider_' rule-name prefix" || r.GetRejectionReasons()[2] != "chunk 'none' missing proposed_rule" {
+		t.Fatalf("SubmitPolicyAnalysis = %v, %v; want three rejections", r, err)
+	}
+	many := make([]*openshellv1.DenialSummary, 257)
+	for i := range many {
+		many[i] = denial("/usr/bin/curl", "a.test", uint32(1000+i), 1)
+	}
+	_, err = svc.SubmitPolicyAnalysis(sup, &openshellv1.SubmitPolicyAnalysisRequest{Name: "pol", Summaries: many})
+	apitest.WantErr(t, "SubmitPolicyAnalysis(257 summaries)", err, codes.InvalidArgument, "too many summaries and proposed chunks (257 > 256)")
+}
+
 // TestApprovalRejectsCoveredChunks: once a revision grants what a pending
 // chunk asks for, the chunk is rejected as covered.
 func TestApprovalRejectsCoveredChunks(t *testing.T) {

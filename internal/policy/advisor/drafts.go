@@ -41,6 +41,8 @@ const (
 	MaxSubmission = 256
 	// maxHitsPerSubmission is OpenShell's clamp of one submission's count.
 	maxHitsPerSubmission = 100
+	// MaxRuleSize bounds the encoded size of one proposed rule.
+	MaxRuleSize = 16 << 10
 )
 
 // Drafts keeps the policy advisor's draft chunks of sandboxes in a store
@@ -411,6 +413,9 @@ func (d Drafts) Edit(ctx context.Context, sb Sandbox, id string, rule *sandboxv1
 	if rule == nil {
 		return errdefs.InvalidArgument("proposed_rule is required")
 	}
+	if proto.Size(rule) > MaxRuleSize {
+		return errdefs.InvalidArgument(fmt.Sprintf("proposed_rule exceeds %d bytes", MaxRuleSize))
+	}
 	c, err := d.get(ctx, sb, id)
 	if err != nil {
 		return err
@@ -643,6 +648,9 @@ func (d Drafts) Submit(ctx context.Context, sb Sandbox, req *openshellv1.SubmitP
 			continue
 		case rule == nil:
 			reject(fmt.Sprintf("chunk '%s' missing proposed_rule", pc.GetRuleName()))
+			continue
+		case proto.Size(rule) > MaxRuleSize:
+			reject(fmt.Sprintf("chunk '%s': proposed_rule exceeds %d bytes", pc.GetRuleName(), MaxRuleSize))
 			continue
 		case count >= MaxChunks:
 			reject(fmt.Sprintf("chunk '%s': the draft inbox holds %d chunks; clear or decide some first", pc.GetRuleName(), MaxChunks))
