@@ -2,9 +2,11 @@ package egress
 
 import (
 	"bufio"
+	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/netip"
@@ -37,7 +39,8 @@ func closingUpstream(t *testing.T) (port uint32, conns *atomic.Int32) {
 	return uint32(ln.Addr().(*net.TCPAddr).Port), conns
 }
 
-// countingUpstream is a keep-alive HTTP server counting its connections.
+// countingUpstream is a keep-alive HTTP server (closing after a request
+// saying Connection: close) counting its connections.
 func countingUpstream(t *testing.T) (port uint32, conns *atomic.Int32) {
 	t.Helper()
 	conns = &atomic.Int32{}
@@ -52,6 +55,10 @@ func countingUpstream(t *testing.T) (port uint32, conns *atomic.Int32) {
 					return
 				}
 				_, _ = io.Copy(io.Discard, req.Body)
+				if req.Close { // as real servers do
+					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello")
+					return
+				}
 				if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"); err != nil {
 					return
 				}
@@ -244,4 +251,75 @@ func TestProxyPoolsUpstreamTLS(t *testing.T) {
 		t.Errorf("CONNECT after the reload = %d, want 403", code)
 	}
 	waitTLSPooled(t, tp.proxy, 0)
+}
+
+// BenchmarkL7NewTunnels compares HTTPS GETs made each on a new connection
+// (as one curl run per request does) directly and through the proxy with
+// TLS terminated and REST rules applied, interleaved in one run: the
+// proxied side does the agent's handshake with a sandbox CA leaf and takes
+// its upstream TLS connection from the pool. x-direct is the proxied
+// request rate over the direct one.
+func BenchmarkL7NewTunnels(b *testing.B) {
+	u := newTLSUpstream(b)
+	u.srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	tp, ca := startTerminating(b, u.port, upstreamPool(u))
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Certificate())
+	direct := &http.Client{Transport: &http.Transport{DisableKeepAlives: true,
+		TLSClientConfig: &tls.Config{RootCAs: upstreamPool(u), ServerName: "example.com"}}}
+	proxied := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, Proxy: http.ProxyURL(tp.url),
+		TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	get := func(c *http.Client, url string) time.Duration {
+		t0 := time.Now()
+		resp, err := c.Get(url)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("status %d", resp.StatusCode)
+		}
+		return time.Since(t0)
+	}
+	directURL := fmt.Sprintf("https://127.0.0.1:%d/repos/x", u.port)
+	proxyURL := fmt.Sprintf("https://example.com:%d/repos/x", u.port)
+	var td, tpx time.Duration
+	n := 0
+	for b.Loop() {
+		td += get(direct, directURL)
+		tpx += get(proxied, proxyURL)
+		n++
+	}
+	b.ReportMetric(float64(n)/td.Seconds(), "direct-req/s")
+	b.ReportMetric(float64(n)/tpx.Seconds(), "proxy-req/s")
+	b.ReportMetric(td.Seconds()/tpx.Seconds(), "x-direct")
+	b.ReportMetric(float64(u.conns.Load()-int32(n)), "upstream-conns-proxied")
+}
+
+// Connection: close from the client ends the client connection only: the
+// upstream connection goes to the pool (the header is hop-by-hop).
+func TestProxyClientCloseKeepsUpstream(t *testing.T) {
+	port, conns := countingUpstream(t)
+	tp := startProxy(t, Config{Resolver: loopbackResolver("allowed.test"), Identify: fixedCaller("/usr/bin/curl")}, curlRules(port, "127.0.0.1"))
+	for i := range 2 {
+		rc := dialProxy(t, tp)
+		fmt.Fprintf(rc.c, "GET http://allowed.test:%d/x HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n", port)
+		resp, err := http.ReadResponse(rc.br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(body) != "hello" {
+			t.Fatalf("client %d: %d %q", i, resp.StatusCode, body)
+		}
+		if _, err := rc.br.ReadByte(); err != io.EOF {
+			t.Errorf("client %d: connection still open after Connection: close (%v)", i, err)
+		}
+		waitPooled(t, tp.proxy, 1)
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("upstream accepted %d connections, want 1", n)
+	}
 }

@@ -393,7 +393,7 @@ func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http
 			}
 		}
 		p.emit(&ev)
-		ok, retry := forward(c, cw, req, up, true)
+		next, ok, retry := forward(c, cw, req, up, true)
 		if retry {
 			// A reused connection the upstream had closed: once more on a
 			// new one (the request has no body and no side effects).
@@ -403,12 +403,14 @@ func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http
 				writeStatus(c, status, again.Reason)
 				return
 			}
-			ok, _ = forward(c, cw, req, up, false)
+			next, ok, _ = forward(c, cw, req, up, false)
 		}
-		if clean = ok; !ok {
+		// A clean connection has carried a whole exchange: reused from
+		// now on, here or from the pool.
+		up.reused = ok
+		if clean = ok; !next {
 			return
 		}
-		up.reused = true
 		req, status, _ = readRequest(c, cr, br, httpHeaderLimit)
 		if req == nil {
 			if status != 0 {
@@ -718,8 +720,10 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 // forward sends one absolute-form request upstream in origin form and
 // relays the response. It reports whether the client connection may carry
 // another request (neither side asked to close and both messages ended
-// cleanly).
-func forward(c net.Conn, cw *bufio.Writer, req *http.Request, up *upConn, canRetry bool) (ok, retry bool) {
+// cleanly: next), whether the upstream connection may (clean), and, with
+// canRetry, whether a reused upstream connection ended before any answer
+// to a replayable request (retry: nothing was written to the client).
+func forward(c net.Conn, cw *bufio.Writer, req *http.Request, up *upConn, canRetry bool) (next, clean, retry bool) {
 	for _, h := range req.Header.Values("Connection") {
 		for _, name := range strings.Split(h, ",") {
 			req.Header.Del(strings.TrimSpace(name))
@@ -732,6 +736,10 @@ func forward(c net.Conn, cw *bufio.Writer, req *http.Request, up *upConn, canRet
 	// header for absolute-form requests), so the upstream sees the host
 	// the decision was about.
 	req.RequestURI = ""
+	// Connection: close from the client is hop-by-hop: it ends the client
+	// connection after this exchange, not the upstream one.
+	clientClose := req.Close
+	req.Close = false
 	writeDone := writeRequest(c, req, up)
 	upBR := up.br
 	// The first byte is awaited apart: an end of stream before it (the
@@ -756,17 +764,17 @@ func forward(c net.Conn, cw *bufio.Writer, req *http.Request, up *upConn, canRet
 		if canRetry && up.reused && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) && replayable(req) {
 			// The upstream closed the reused connection without a byte
 			// of answer, or reset it: nothing reached the client yet.
-			return false, true
+			return false, false, true
 		}
 		writeStatus(c, http.StatusBadGateway, "no valid upstream response")
-		return false, false
+		return false, false, false
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// Upgrade was removed from the request: a switch is not relayed.
 		writeStatus(c, http.StatusBadGateway, "upstream switched protocols")
 		writeDone()
-		return false, false
+		return false, false, false
 	}
 	// The header goes out in one write; the body is flushed before every
 	// read that would wait for upstream, so a streamed response is not
@@ -778,12 +786,13 @@ func forward(c net.Conn, cw *bufio.Writer, req *http.Request, up *upConn, canRet
 	// the body's Read flushes it.)
 	if err := resp.Write(struct{ io.Writer }{bw}); err != nil || bw.Flush() != nil {
 		writeDone()
-		return false, false
+		return false, false, false
 	}
 	if !writeDone() {
-		return false, false
+		return false, false, false
 	}
-	return !req.Close && !resp.Close, false
+	clean = !resp.Close
+	return clean && !clientClose, clean, false
 }
 
 // writeRequest sends req upstream and returns the function that waits

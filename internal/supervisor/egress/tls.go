@@ -295,7 +295,7 @@ func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, poole
 			ev.Decision = "allow"
 		}
 		p.emit(&ev)
-		ok, retry := forward(client, cw, req, upc, true)
+		next, ok, retry := forward(client, cw, req, upc, true)
 		if retry {
 			// A reused connection the upstream had closed: once more on
 			// a new one (the request has no body and no side effects).
@@ -309,12 +309,14 @@ func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, poole
 			if upc = dialUp(); upc == nil {
 				return
 			}
-			ok, _ = forward(client, cw, req, upc, false)
+			next, ok, _ = forward(client, cw, req, upc, false)
 		}
-		if clean = ok; !ok {
+		// A clean connection has carried a whole exchange: reused from
+		// now on, here or from the pool.
+		upc.reused = ok
+		if clean = ok; !next {
 			return
 		}
-		upc.reused = true
 	}
 }
 

@@ -30,7 +30,7 @@ type tlsUpstream struct {
 	seen  []string
 }
 
-func newTLSUpstream(t *testing.T) *tlsUpstream {
+func newTLSUpstream(t testing.TB) *tlsUpstream {
 	t.Helper()
 	u := &tlsUpstream{}
 	u.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -62,7 +62,7 @@ func (u *tlsUpstream) requests() []string {
 // (the deprecated spelling, as OpenShell's examples have it) read-only REST
 // endpoint example.com:port; upstreamRoots verifies the
 // upstream (nil: the system roots).
-func startTerminating(t *testing.T, port uint32, upstreamRoots *x509.CertPool) (*testProxy, *CA) {
+func startTerminating(t testing.TB, port uint32, upstreamRoots *x509.CertPool) (*testProxy, *CA) {
 	t.Helper()
 	ca, err := NewCA("test sandbox")
 	if err != nil {
