@@ -3,10 +3,13 @@ package docker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -154,6 +157,69 @@ func TestDaemonErrors(t *testing.T) {
 				t.Errorf("Open(%s) = %v, want FailedPrecondition naming the socket and %q", tc.socket, err, tc.want)
 			}
 		})
+	}
+}
+
+// envDeniedChild makes the test binary a child that opens the driver on
+// the socket it names and prints the error (see TestDaemonPermissionDenied).
+const envDeniedChild = "OPENSHELL_DOCKER_TEST_DENIED_SOCKET"
+
+func init() {
+	if sock := os.Getenv(envDeniedChild); sock != "" {
+		_, err := docker.Open(map[string]any{"socket_path": sock, "supervisor_bin": "/bin/true"},
+			compute.FactoryDeps{StateDir: os.TempDir(), GatewayEndpoint: "unix:///run/gw.sock"})
+		fmt.Print(err, " kind=", errdefs.Code(err))
+		os.Exit(0)
+	}
+}
+
+// TestDaemonPermissionDenied: a Docker socket the gateway's user may not
+// open is a FailedPrecondition saying so and naming the socket. The check
+// runs the test binary as nobody against a root-only socket.
+func TestDaemonPermissionDenied(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a child as another user")
+	}
+	dir, err := os.MkdirTemp("", "openshell-denied-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "docker.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if err := os.Chmod(sock, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A copy of the test binary nobody may run (the build directory is
+	// root's).
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(dir, "docker.test")
+	if err := os.WriteFile(exe, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), envDeniedChild+"="+sock)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child as nobody: %v\n%s", err, out)
+	}
+	if got := string(out); !strings.Contains(got, "permission denied on Docker socket "+sock) || !strings.Contains(got, "kind=FailedPrecondition") {
+		t.Errorf("Open(root-only socket) as nobody = %q, want FailedPrecondition: permission denied naming the socket", got)
 	}
 }
 
