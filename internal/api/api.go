@@ -152,7 +152,7 @@ func New(o Options) *Service {
 		providersAPI:   providers.New(providers.Options{Engine: o.Engine, Authz: az, Providers: o.Providers}),
 		supervisorsAPI: supervisors.New(supervisors.Options{Engine: o.Engine, Relay: o.Relay, GatewayLog: gatewayLog}),
 		Authz:          az,
-		Inference:      inference.New(inference.Options{Store: o.Store, Providers: o.Providers, Authz: az, Now: o.Now}),
+		Inference:      inference.New(inference.Options{Store: o.Store, Providers: o.Providers, Authz: az, Logger: o.Logger, Now: o.Now}),
 	}
 }
 

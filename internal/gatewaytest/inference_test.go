@@ -69,8 +69,9 @@ func (f *fakeModel) next(t *testing.T) string {
 }
 
 // TestInferenceLocal: a real gateway, supervisor and sandbox whose policy
-// has no network rule at all. curl http://inference.local inside the
-// sandbox reaches the loopback fake OpenAI upstream with the provider's
+// has no network rule at all. curl http://inference.local (and
+// https://, TLS terminated by the proxy) inside the sandbox reaches the
+// loopback fake OpenAI upstream with the provider's
 // real key (the agent's key is dropped, the route's model applied) while
 // the sandbox environment never holds the key; a streamed answer reaches
 // the agent chunk by chunk (the first event is read inside the sandbox
@@ -126,6 +127,14 @@ func TestInferenceLocal(t *testing.T) {
 	}
 	if s := openai.next(t); s != "/v1/chat/completions Bearer "+openaiKey+" gpt-e2e" {
 		t.Errorf("the upstream saw %q, want the real key and the route's model", s)
+	}
+	// https://inference.local: the proxy terminates TLS with the sandbox
+	// CA, which curl trusts through CURL_CA_BUNDLE.
+	if out := sh(strings.Replace(chat, "http://", "https://", 1)); out != `{"answer":"from /v1/chat/completions"} 200` {
+		t.Errorf("chat completions over https = %q", out)
+	}
+	if s := openai.next(t); s != "/v1/chat/completions Bearer "+openaiKey+" gpt-e2e" {
+		t.Errorf("the upstream saw %q over https", s)
 	}
 
 	t.Run("streaming", func(t *testing.T) {

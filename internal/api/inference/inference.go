@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -50,6 +51,7 @@ type Options struct {
 	// Client sends the verification probes of SetInferenceRoute; nil is
 	// a client with a 30 s timeout.
 	Client *http.Client
+	Logger *slog.Logger // nil: discard
 	Now    func() time.Time
 }
 
@@ -69,6 +71,9 @@ func New(o Options) *Service {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Service{o: o}
 }
@@ -230,7 +235,9 @@ func (s *Service) DeleteInferenceRoute(ctx context.Context, req *inferencev1.Del
 // GetInferenceBundle resolves the routes of the calling sandbox's
 // workspace. The revision changes whenever a resolved field does (a
 // rotated credential included); a workspace without routes answers an
-// empty bundle.
+// empty bundle. A route that no longer resolves (its provider deleted,
+// no unexpired credential, an unsupported configuration) is left out and
+// logged, so that supervisors stop using it; store failures are errors.
 func (s *Service) GetInferenceBundle(ctx context.Context, _ *inferencev1.GetInferenceBundleRequest) (*inferencev1.GetInferenceBundleResponse, error) {
 	id, err := authz.RequireSandboxPrincipal(ctx)
 	if err != nil {
@@ -253,10 +260,16 @@ func (s *Service) GetInferenceBundle(ctx context.Context, _ *inferencev1.GetInfe
 		}
 		c := r.GetConfig()
 		p, err := s.provider(ctx, ws, c.GetProviderName(), fmt.Sprintf("configured provider '%s' was not found in workspace '%s'", c.GetProviderName(), ws))
-		if err != nil {
-			return nil, err
+		var rr *inferencev1.ResolvedRoute
+		if err == nil {
+			rr, err = domain.Resolve(domain.Route{Name: name, ProviderName: p.Name, ModelID: c.GetModelId(), TimeoutSecs: c.GetTimeoutSecs()}, p)
 		}
-		rr, err := domain.Resolve(domain.Route{Name: name, ProviderName: p.Name, ModelID: c.GetModelId(), TimeoutSecs: c.GetTimeoutSecs()}, p)
+		if unusable(err) {
+			// The route is left out, so that the supervisor drops what it
+			// had (a deleted provider's key, an expired credential).
+			s.o.Logger.Warn("inference route left out of the bundle", "sandbox_id", id, "workspace", ws, "route", name, "reason", err.Error())
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -269,6 +282,12 @@ func (s *Service) GetInferenceBundle(ctx context.Context, _ *inferencev1.GetInfe
 	}
 	resp.Revision = fmt.Sprintf("%016x", h.Sum64())
 	return resp, nil
+}
+
+// unusable reports whether err says a route cannot be resolved from its
+// provider (as opposed to the store failing).
+func unusable(err error) bool {
+	return errors.Is(err, errdefs.ErrFailedPrecondition) || errors.Is(err, errdefs.ErrInvalidArgument) || errors.Is(err, errdefs.ErrNotFound)
 }
 
 // provider loads provider name of ws with its unexpired credentials

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
@@ -231,20 +232,52 @@ func TestRouteLifecycle(t *testing.T) {
 	}
 }
 
-// TestBundleProviderGone: a route whose provider was removed is a
-// FailedPrecondition naming the provider.
-func TestBundleProviderGone(t *testing.T) {
+// TestBundleDropsUnusableRoutes: a route whose provider was deleted, or
+// whose credential expired, is left out of the bundle (the revision
+// changes, so supervisors drop the key they had) instead of failing it.
+func TestBundleDropsUnusableRoutes(t *testing.T) {
 	f := apitest.NewFixture(t)
 	svc := newService(f.Env, true)
 	createProvider(t, f.Env, "team-a", "oa", "openai", map[string]string{"OPENAI_API_KEY": "sk-1"}, nil)
-	if _, err := svc.SetInferenceRoute(apitest.As(t.Context(), apitest.OIDCRoot), &inferencev1.SetInferenceRouteRequest{Workspace: "team-a", ProviderName: "oa", ModelId: "m", NoVerify: true}); err != nil {
-		t.Fatal(err)
+	createProvider(t, f.Env, "team-a", "an", "anthropic", map[string]string{"ANTHROPIC_API_KEY": "ak-1"}, nil)
+	admin := apitest.As(t.Context(), apitest.OIDCRoot)
+	for _, req := range []*inferencev1.SetInferenceRouteRequest{
+		{Workspace: "team-a", ProviderName: "oa", ModelId: "m", NoVerify: true},
+		{Workspace: "team-a", RouteName: "sandbox-system", ProviderName: "an", ModelId: "c", NoVerify: true},
+	} {
+		if _, err := svc.SetInferenceRoute(admin, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sbx := apitest.As(t.Context(), apitest.Sandbox(f.SandboxA))
+	names := func() []string {
+		t.Helper()
+		b, err := svc.GetInferenceBundle(sbx, &inferencev1.GetInferenceBundleRequest{})
+		if err != nil {
+			t.Fatalf("bundle: %v", err)
+		}
+		var out []string
+		for _, r := range b.GetRoutes() {
+			out = append(out, r.GetName())
+		}
+		return out
+	}
+	if got := names(); !cmp.Equal(got, []string{"inference.local", "sandbox-system"}) {
+		t.Fatalf("bundle = %v", got)
 	}
 	if _, err := f.Providers.Delete(t.Context(), "team-a", "oa", func(context.Context) ([]string, error) { return nil, nil }); err != nil {
 		t.Fatal(err)
 	}
-	_, err := svc.GetInferenceBundle(apitest.As(t.Context(), apitest.Sandbox(f.SandboxA)), &inferencev1.GetInferenceBundleRequest{})
-	apitest.WantErr(t, "bundle", err, codes.FailedPrecondition, "configured provider 'oa' was not found in workspace 'team-a'")
+	if got := names(); !cmp.Equal(got, []string{"sandbox-system"}) {
+		t.Errorf("bundle after the provider's delete = %v, want only sandbox-system", got)
+	}
+	past := time.Now().Add(-time.Minute).UnixMilli()
+	if _, err := f.Providers.Update(t.Context(), "team-a", &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: "an"}}, map[string]int64{"ANTHROPIC_API_KEY": past}); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(); len(got) != 0 {
+		t.Errorf("bundle after the credential expired = %v, want none", got)
+	}
 }
 
 // TestConcurrentSetIsCAS: concurrent sets of one route never lose an

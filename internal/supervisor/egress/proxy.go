@@ -60,9 +60,10 @@ type Config struct {
 	// (plain and inside terminated tunnels) after its admission; nil
 	// forwards requests as they are.
 	Credentials Credentials
-	// Inference, when set, answers absolute-form requests for host
-	// InferenceHost (any port) instead of the network policy; it reports
-	// whether the client connection may carry another request.
+	// Inference, when set, answers requests for host InferenceHost (any
+	// port) instead of the network policy: absolute-form requests, and
+	// the requests of CONNECT tunnels (TLS terminated with CA); it
+	// reports whether the client connection may carry another request.
 	Inference func(c net.Conn, req *http.Request, caller Caller) bool
 }
 
@@ -221,6 +222,10 @@ func (p *Proxy) handle(c net.Conn) {
 	host, port, err := splitHostPort(req.Host, 0)
 	if err != nil {
 		writeStatus(c, http.StatusBadRequest, err.Error())
+		return
+	}
+	if p.cfg.Inference != nil && strings.EqualFold(host, InferenceHost) {
+		p.serveInferenceTunnel(c, br, callers[0])
 		return
 	}
 	ev.Host, ev.Port = host, port

@@ -1,8 +1,8 @@
 // Package inference is the supervisor's inference.local router. Agent
-// processes send plain-HTTP requests for http://inference.local through
-// the sandbox's egress proxy (HTTP_PROXY); the proxy hands every request
-// for that host to Router.Serve instead of deciding it against the
-// network policy. The router matches the request to a protocol
+// processes reach http(s)://inference.local through the sandbox's egress
+// proxy (HTTP_PROXY, HTTPS_PROXY); the proxy hands every request for that
+// host (terminating TLS for https) to Router.Serve instead of deciding it
+// against the network policy. The router matches the request to a protocol
 // (OpenShell's patterns: chat completions, completions, responses,
 // embeddings, messages, model discovery), picks the bundle's
 // inference.local route serving it, and sends the request to the
