@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"time"
 
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/api/authz"
 	"github.com/openshell-go/openshell/internal/api/exec"
@@ -144,11 +145,12 @@ func New(o Options) *Service {
 				ex.DropSandbox(id)
 			},
 		}),
-		execAPI:        ex,
-		logsAPI:        lg,
-		workspacesAPI:  workspaces.New(workspaces.Options{Store: o.Store, Engine: o.Engine, Authz: az, Logger: o.Logger}),
-		identityAPI:    identity.New(identity.Options{Sandboxes: o.Engine, Minter: o.Minter}),
-		policyAPI:      policy.New(policy.Options{Engine: o.Engine, Store: o.Store, Authz: az, Now: o.Now, CredentialHosts: credentialHosts(o.Providers)}),
+		execAPI:       ex,
+		logsAPI:       lg,
+		workspacesAPI: workspaces.New(workspaces.Options{Store: o.Store, Engine: o.Engine, Authz: az, Logger: o.Logger}),
+		identityAPI:   identity.New(identity.Options{Sandboxes: o.Engine, Minter: o.Minter}),
+		policyAPI: policy.New(policy.Options{Engine: o.Engine, Store: o.Store, Authz: az, Now: o.Now, CredentialHosts: credentialHosts(o.Providers),
+			ProviderRules: providerRules(o.Providers)}),
 		providersAPI:   providers.New(providers.Options{Engine: o.Engine, Authz: az, Providers: o.Providers}),
 		supervisorsAPI: supervisors.New(supervisors.Options{Engine: o.Engine, Relay: o.Relay, GatewayLog: gatewayLog}),
 		Authz:          az,
@@ -167,6 +169,18 @@ func (s *Service) Close() {
 // credentialHosts tells the policy advisor which hosts a sandbox holds
 // credentials for: the endpoints of the profile of each provider attached
 // to it (providers whose type has no built-in profile add none).
+// providerRules composes the network rules of a sandbox's provider
+// profiles into its policy (providers_v2_enabled).
+func providerRules(ps *domainproviders.Store) func(context.Context, *openshellv1.Sandbox, *sandboxv1.SandboxPolicy) (*sandboxv1.SandboxPolicy, error) {
+	return func(ctx context.Context, sb *openshellv1.Sandbox, policy *sandboxv1.SandboxPolicy) (*sandboxv1.SandboxPolicy, error) {
+		rules, err := ps.ProfileRules(ctx, sb)
+		if err != nil || len(rules) == 0 {
+			return policy, err
+		}
+		return domainproviders.ComposePolicy(policy, rules), nil
+	}
+}
+
 func credentialHosts(ps *domainproviders.Store) func(context.Context, *openshellv1.Sandbox) ([]string, error) {
 	return func(ctx context.Context, sb *openshellv1.Sandbox) ([]string, error) {
 		var hosts []string
@@ -178,7 +192,10 @@ func credentialHosts(ps *domainproviders.Store) func(context.Context, *openshell
 			if err != nil {
 				return nil, err
 			}
-			prof, ok := ps.Catalog().Get(p.GetType())
+			prof, ok, err := ps.ProfileOf(ctx, p)
+			if err != nil {
+				return nil, err
+			}
 			if !ok {
 				continue
 			}

@@ -91,11 +91,12 @@ func stringValue(s string) *sandboxv1.SettingValue {
 }
 
 // Registered is the registry, in the order error texts list it. These are
-// OpenShell's keys (crates/openshell-core/src/settings.rs); none of them is
-// acted on by this gateway or its supervisor yet (Effect is empty), which
-// docs/policy.md states.
+// OpenShell's keys (crates/openshell-core/src/settings.rs); Effect names
+// the component acting on a key (empty: none yet), as docs/policy.md
+// states.
 var Registered = []Key{
-	{Name: "providers_v2_enabled", Kind: Bool, Scopes: ScopeGlobal, Default: boolValue(false)},
+	{Name: "providers_v2_enabled", Kind: Bool, Scopes: ScopeGlobal, Default: boolValue(false),
+		Effect: "gateway: provider profiles contribute network rules to sandbox policies (internal/api/policy, internal/providers)"},
 	{Name: "ocsf_json_enabled", Kind: Bool, Scopes: ScopeSandbox | ScopeGlobal, Default: boolValue(false)},
 	{Name: "agent_policy_proposals_enabled", Kind: Bool, Scopes: ScopeSandbox | ScopeGlobal, Default: boolValue(false)},
 	{Name: "proposal_approval_mode", Kind: String, Scopes: ScopeSandbox | ScopeGlobal, Default: stringValue("manual"), Allowed: []string{"manual", "auto"}},

@@ -76,6 +76,9 @@ func (s *Service) GetSandboxConfig(ctx context.Context, req *sandboxv1.GetSandbo
 		return nil, err
 	}
 	resp.Settings = settings.Effective(global.Values, own.Values)
+	if err := s.composeProviderRules(ctx, sb, resp); err != nil {
+		return nil, err
+	}
 	resp.ConfigRevision = configRevision(resp)
 	return resp, nil
 }

@@ -19,6 +19,7 @@ import (
 	"context"
 	"time"
 
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/api/authz"
 	"github.com/openshell-go/openshell/internal/errdefs"
@@ -38,6 +39,10 @@ type Options struct {
 	// CredentialHosts returns the hosts a sandbox holds credentials for
 	// (for the policy advisor's prover); nil means none are known.
 	CredentialHosts func(ctx context.Context, sb *openshellv1.Sandbox) ([]string, error)
+	// ProviderRules returns policy with the network rules of the sandbox's
+	// provider profiles added (providers_v2_enabled), or policy itself when
+	// they add none; nil composes nothing.
+	ProviderRules func(ctx context.Context, sb *openshellv1.Sandbox, policy *sandboxv1.SandboxPolicy) (*sandboxv1.SandboxPolicy, error)
 }
 
 // Service implements the policy RPCs. It is safe for concurrent use.

@@ -10,11 +10,13 @@ package profiles
 
 import (
 	"embed"
+	"encoding/json"
 	"fmt"
 	"path"
 	"slices"
 	"strings"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	"sigs.k8s.io/yaml"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
@@ -41,12 +43,6 @@ type fileCredential struct {
 	PathTmpl    string   `json:"path_template"`
 }
 
-type fileEndpoint struct {
-	Host string `json:"host"`
-	Port uint32 `json:"port"`
-	Path string `json:"path"`
-}
-
 type fileProfile struct {
 	ID               string           `json:"id"`
 	DisplayName      string           `json:"display_name"`
@@ -54,8 +50,10 @@ type fileProfile struct {
 	Category         string           `json:"category"`
 	InferenceCapable bool             `json:"inference_capable"`
 	Credentials      []fileCredential `json:"credentials"`
-	Endpoints        []fileEndpoint   `json:"endpoints"`
-	Binaries         []string         `json:"binaries"`
+	// Endpoints are network endpoints (sandbox.v1.NetworkEndpoint in its
+	// JSON form: host, port, path, protocol, access, rules, ...).
+	Endpoints []json.RawMessage `json:"endpoints"`
+	Binaries  []string          `json:"binaries"`
 }
 
 // bareTypes are provider types OpenShell accepts without a profile file,
@@ -166,11 +164,15 @@ func toProto(fp fileProfile) (*openshellv1.ProviderProfile, error) {
 	if len(discovery) > 0 {
 		p.Discovery = &openshellv1.ProviderProfileDiscovery{Credentials: discovery}
 	}
-	for _, e := range fp.Endpoints {
-		if e.Host == "" || e.Port == 0 {
-			return nil, fmt.Errorf("endpoint %q:%d needs a host and a port", e.Host, e.Port)
+	for i, raw := range fp.Endpoints {
+		e := &sandboxv1.NetworkEndpoint{}
+		if err := protojson.Unmarshal(raw, e); err != nil {
+			return nil, fmt.Errorf("endpoint %d: %w", i, err)
 		}
-		p.Endpoints = append(p.Endpoints, &sandboxv1.NetworkEndpoint{Host: e.Host, Port: e.Port, Path: e.Path})
+		if e.GetHost() == "" || e.GetPort() == 0 {
+			return nil, fmt.Errorf("endpoint %q:%d needs a host and a port", e.GetHost(), e.GetPort())
+		}
+		p.Endpoints = append(p.Endpoints, e)
 	}
 	for _, b := range fp.Binaries {
 		p.Binaries = append(p.Binaries, &sandboxv1.NetworkBinary{Path: b})

@@ -26,6 +26,13 @@ func TestBuiltin(t *testing.T) {
 	if h := gh.GetEndpoints()[0].GetHost(); h != "api.github.com" {
 		t.Errorf("github first endpoint = %q", h)
 	}
+	// Endpoints carry OpenShell's L7 settings: protocol, access, rules.
+	if e := gh.GetEndpoints()[0]; e.GetProtocol() != "rest" || e.GetAccess() != "read-only" || e.GetEnforcement() != "enforce" {
+		t.Errorf("api.github.com endpoint = %v, want protocol rest, read-only, enforce", e)
+	}
+	if e := gh.GetEndpoints()[2]; e.GetHost() != "github.com" || len(e.GetRules()) != 4 || e.GetRules()[3].GetAllow().GetPath() != "/**/git-upload-pack" {
+		t.Errorf("github.com endpoint = %v, want its four allow rules", e)
+	}
 	if c.AllowsEmptyCredentials("github") {
 		t.Error("github allows empty credentials; its token is required")
 	}
