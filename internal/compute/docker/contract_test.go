@@ -17,6 +17,7 @@ import (
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/compute/computetest"
 	"github.com/openshell-go/openshell/internal/compute/docker"
+	"github.com/openshell-go/openshell/internal/compute/docker/dockertest"
 	"github.com/openshell-go/openshell/internal/errdefs"
 )
 
@@ -296,5 +297,33 @@ func TestOrphanVolumeSwept(t *testing.T) {
 	}
 	if v := volumesOf(t, e.cli, theirs); len(v) != 1 {
 		t.Errorf("another gateway's volume after Open: %v, want kept", v)
+	}
+}
+
+// TestUnstartedContainerSwept: a container of this gateway that was
+// created but never started (the gateway died inside Create) is removed,
+// with its volume, when the driver opens.
+func TestUnstartedContainerSwept(t *testing.T) {
+	e := newEnv(t)
+	d1 := e.open(t, nil)
+	id := computetest.NewID()
+	labels := map[string]string{docker.LabelGatewayID: d1.GatewayID(), docker.LabelSandboxID: id, docker.LabelSandboxName: "cut-short"}
+	if _, err := e.cli.VolumeCreate(t.Context(), volume.CreateOptions{Name: "openshell-" + id + "-workspace", Labels: labels}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.cli.ContainerCreate(t.Context(), &container.Config{Image: dockertest.BusyboxImage, Labels: labels, Cmd: []string{"true"}},
+		&container.HostConfig{NetworkMode: "none"}, nil, nil, "openshell-"+id); err != nil {
+		t.Fatal(err)
+	}
+	d1.Close()
+	d2 := e.open(t, nil)
+	if c := containersOf(t, e.cli, id); len(c) != 0 {
+		t.Errorf("unstarted container after Open: %+v, want removed", c)
+	}
+	if v := volumesOf(t, e.cli, id); len(v) != 0 {
+		t.Errorf("its volume after Open: %v, want removed", v)
+	}
+	if _, err := d2.Get(t.Context(), compute.Ref{ID: id}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Get(interrupted create) = %v, want NotFound", err)
 	}
 }

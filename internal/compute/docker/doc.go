@@ -80,9 +80,10 @@
 // kill -9, it finds its containers by label, and running containers are
 // never touched by Close or by the gateway's shutdown
 // (GatewayManagesLifecycle is false). Orphans (containers whose sandbox
-// the gateway does not know) are deleted by the gateway's recovery; a
-// workspace volume of this gateway without its container (a create
-// interrupted between the two) is removed when the driver opens.
+// the gateway does not know) are deleted by the gateway's recovery. When
+// the driver opens it removes what an interrupted create of this gateway
+// left: containers created but never started, then workspace volumes
+// without their container.
 //
 // Conditions: running: Ready=True/Running (InstanceID: container id and
 // start time, new on every start); created: Ready=False/Starting; stopped

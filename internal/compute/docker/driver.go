@@ -131,8 +131,33 @@ func Open(cfg map[string]any, deps compute.FactoryDeps) (*Driver, error) {
 		subs:      map[*subscriber]struct{}{},
 	}
 	d.logger.Info("docker engine reachable", "host", c.host, "api_version", cli.ClientVersion(), "gateway_id", gid)
+	d.sweepUnstarted(ctx)
 	d.sweepVolumes(ctx)
 	return d, nil
+}
+
+// sweepUnstarted removes this gateway's containers that were created but
+// never started: a create the gateway died in the middle of (the token may
+// not even be in the container). The create never returned, so the
+// gateway's recovery then drops the sandbox; left alone, it would wait in
+// Starting forever. Their volumes go with sweepVolumes.
+func (d *Driver) sweepUnstarted(ctx context.Context) {
+	list, err := d.cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(
+		filters.Arg("label", LabelGatewayID+"="+d.gatewayID),
+		filters.Arg("status", string(container.StateCreated)),
+	)})
+	if err != nil {
+		d.logger.Warn("list unstarted containers", "error", err)
+		return
+	}
+	for _, c := range list {
+		id := c.Labels[LabelSandboxID]
+		if err := d.cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true}); err != nil {
+			d.logger.Warn("remove a container whose create was interrupted", "sandbox_id", id, "container", c.ID, "error", err)
+			continue
+		}
+		d.logger.Warn("removed a container whose create was interrupted", "sandbox_id", id, "container", c.ID)
+	}
 }
 
 // sweepVolumes removes this gateway's workspace volumes that have no
