@@ -43,7 +43,8 @@ func waitChunk(ctx context.Context, t testing.TB, c openshellv1.OpenShellClient,
 // reviewer adds the allowed_ips the loopback mapping needs (an advisor
 // proposal never carries them: the SSRF guard stays on until someone says
 // so), approves, and the running sandbox loads the new version: the next
-// curl succeeds without a restart. With proposal_approval_mode auto, a
+// curl succeeds without a restart; undo takes the access away again. With
+// proposal_approval_mode auto, a
 // denial of a cloud metadata hostname is flagged link_local_reach and
 // stays pending (and cannot be approved), while a clean proposal is
 // approved on arrival.
@@ -104,6 +105,22 @@ func TestPolicyAdvisor(t *testing.T) {
 		t.Fatalf("GetSandbox = %v, %v; want the same sandbox %s", sb, err, id)
 	}
 
+	// Undo takes the rule out of the running sandbox again; the chunk is
+	// pending once more, and a reviewer rejects it.
+	un, err := c.UndoDraftChunk(ctx, &openshellv1.UndoDraftChunkRequest{Name: "advisor", ChunkId: edited.GetId()})
+	if err != nil || un.GetPolicyVersion() != 3 {
+		t.Fatalf("UndoDraftChunk = %v, %v; want policy version 3", un, err)
+	}
+	if r := waitPolicyStatus(ctx, t, c, "advisor", 3).GetRevision(); r.GetStatus() != openshellv1.PolicyStatus_POLICY_STATUS_LOADED {
+		t.Fatalf("version 3 = %v (%q), want LOADED", r.GetStatus(), r.GetLoadError())
+	}
+	if got := curlCode(host); got != "403" {
+		t.Errorf("curl %s after the undo = %q, want 403", host, got)
+	}
+	if _, err := c.RejectDraftChunk(ctx, &openshellv1.RejectDraftChunkRequest{Name: "advisor", ChunkId: edited.GetId(), Reason: "not needed"}); err != nil {
+		t.Fatalf("RejectDraftChunk: %v", err)
+	}
+
 	// Auto mode approves only what nothing speaks against.
 	if _, err := c.UpdateConfig(ctx, &openshellv1.UpdateConfigRequest{Name: "advisor", SettingKey: "proposal_approval_mode",
 		SettingValue: &sandboxv1.SettingValue{Value: &sandboxv1.SettingValue_StringValue{StringValue: "auto"}}}); err != nil {
@@ -127,7 +144,18 @@ func TestPolicyAdvisor(t *testing.T) {
 		t.Errorf("pending chunks after auto mode = %v, %v; want only the metadata one", r.GetChunks(), err)
 	}
 	st, err := c.GetSandboxPolicyStatus(ctx, &openshellv1.GetSandboxPolicyStatusRequest{Name: "advisor"})
-	if err != nil || st.GetRevision().GetVersion() != 3 || st.GetRevision().GetPolicy().GetNetworkPolicies()["allow_metadata_google_internal_"+port] != nil {
-		t.Errorf("newest policy = %v, %v; want version 3 (the clean rule) without the metadata rule", st.GetRevision(), err)
+	if err != nil || st.GetRevision().GetVersion() != 4 || st.GetRevision().GetPolicy().GetNetworkPolicies()["allow_metadata_google_internal_"+port] != nil {
+		t.Errorf("newest policy = %v, %v; want version 4 (the clean rule) without the metadata rule", st.GetRevision(), err)
+	}
+	hist, err := c.GetDraftHistory(ctx, &openshellv1.GetDraftHistoryRequest{Name: "advisor"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := map[string]int{}
+	for _, e := range hist.GetEntries() {
+		events[e.GetEventType()]++
+	}
+	if events["proposed"] != 3 || events["rejected"] != 1 || events["approved"] != 1 {
+		t.Errorf("draft history events = %v, want 3 proposed, 1 rejected, 1 approved", events)
 	}
 }
