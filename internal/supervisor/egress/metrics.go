@@ -16,6 +16,7 @@ const maxPolicyLabels = 256
 // safe for concurrent use.
 type Metrics struct {
 	decisions *prometheus.CounterVec
+	identify  prometheus.Histogram
 
 	mu       sync.Mutex
 	policies map[string]struct{} // policy label values in use
@@ -27,16 +28,25 @@ type Metrics struct {
 // the network policy rule that matched ("" when none did). Hostnames,
 // binaries and addresses are not labels: they are unbounded (they are in
 // the decision events). The deny series without a policy start at zero.
+// Also openshell_sandbox_egress_identify_seconds, the time caller
+// identification takes per client connection.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "openshell_sandbox_egress_decisions_total",
 			Help: "Egress proxy decisions by decision (allow, audit, deny), kind (connect: a CONNECT tunnel; http: one HTTP request) and matching network policy rule (empty when none matched).",
 		}, []string{"decision", "kind", "policy"}),
+		identify: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "openshell_sandbox_egress_identify_seconds",
+			Help:    "Time to identify the processes holding a proxied client connection (once per connection).",
+			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1},
+		}),
 		policies: map[string]struct{}{},
 	}
-	if err := reg.Register(m.decisions); err != nil {
-		return nil, err
+	for _, c := range []prometheus.Collector{m.decisions, m.identify} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
 	}
 	// Denials without a matching rule are exported from the start, at
 	// zero, so an alert on them sees the series before the first one.

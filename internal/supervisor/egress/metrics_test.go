@@ -55,6 +55,19 @@ func TestProxyCountsDecisions(t *testing.T) {
 		t.Fatalf("CONNECT = %d", code)
 	}
 	want := map[string]float64{"allow connect up": 1, "allow http up": 2, "deny http ": 1, "deny connect ": 0}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var identified uint64
+	for _, mf := range mfs {
+		if mf.GetName() == "openshell_sandbox_egress_identify_seconds" {
+			identified = mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	if identified != 4 {
+		t.Errorf("identification observed %d times, want 4 (one per client connection)", identified)
+	}
 	if diff := cmp.Diff(want, decisionCounts(t, reg)); diff != "" {
 		t.Errorf("decision counts (-want +got):\n%s", diff)
 	}

@@ -587,7 +587,12 @@ func (p *Proxy) identify(c net.Conn) ([]Caller, error) {
 	if err := errors.Join(err1, err2); err != nil {
 		return nil, err
 	}
-	return p.cfg.Identify(netip.AddrPortFrom(client.Addr().Unmap(), client.Port()), netip.AddrPortFrom(server.Addr().Unmap(), server.Port()))
+	t0 := time.Now()
+	callers, err := p.cfg.Identify(netip.AddrPortFrom(client.Addr().Unmap(), client.Port()), netip.AddrPortFrom(server.Addr().Unmap(), server.Port()))
+	if p.cfg.Metrics != nil {
+		p.cfg.Metrics.identify.Observe(time.Since(t0).Seconds())
+	}
+	return callers, err
 }
 
 // decide decides host:port for every caller against the current snapshot.
