@@ -144,7 +144,7 @@ func Open(cfg map[string]any, deps compute.FactoryDeps) (*Driver, error) {
 func (d *Driver) sweepUnstarted(ctx context.Context) {
 	list, err := d.cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(
 		filters.Arg("label", LabelGatewayID+"="+d.gatewayID),
-		filters.Arg("status", string(container.StateCreated)),
+		filters.Arg("status", container.StateCreated),
 	)})
 	if err != nil {
 		d.logger.Warn("list unstarted containers", "error", err)
