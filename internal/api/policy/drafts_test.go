@@ -132,6 +132,109 @@ func TestSubmitBounds(t *testing.T) {
 	apitest.WantErr(t, "SubmitPolicyAnalysis(257 summaries)", err, codes.InvalidArgument, "too many summaries and proposed chunks (257 > 256)")
 }
 
+// TestApproveAll: chunks bound to their tokens are approved in one
+// revision; a flagged chunk (a database port) and a chunk without its
+// token are skipped, unless include_security_flagged for the former.
+func TestApproveAll(t *testing.T) {
+	svc, _, id := setup(t)
+	admin := apitest.As(t.Context(), apitest.OIDCUser("aa"))
+	submit(t, svc, id, denial("/usr/bin/curl", "a.test", 443, 1), denial("/usr/bin/curl", "b.test", 443, 1), denial("/usr/bin/psql", "db.test", 5432, 1))
+	var approvals []*openshellv1.DraftChunkApproval
+	var flagged string
+	for _, c := range drafts(t, svc, "pending") {
+		switch c.GetRuleName() {
+		case "allow_db_test_5432":
+			flagged = c.GetId()
+			if c.GetSecurityNotes() != "Port 5432 is a well-known database/service port." {
+				t.Errorf("security notes = %q", c.GetSecurityNotes())
+			}
+			approvals = append(approvals, &openshellv1.DraftChunkApproval{ChunkId: c.GetId(), ReviewToken: c.GetReviewToken()})
+		case "allow_b_test_443":
+			approvals = append(approvals, &openshellv1.DraftChunkApproval{ChunkId: c.GetId()}) // no token
+		default:
+			approvals = append(approvals, &openshellv1.DraftChunkApproval{ChunkId: c.GetId(), ReviewToken: c.GetReviewToken()})
+		}
+	}
+	r, err := svc.ApproveAllDraftChunks(admin, &openshellv1.ApproveAllDraftChunksRequest{Name: "pol", Workspace: "team-a", Approvals: approvals})
+	if err != nil || r.GetChunksApproved() != 1 || r.GetChunksSkipped() != 2 || r.GetPolicyVersion() != 2 {
+		t.Fatalf("ApproveAllDraftChunks = %v, %v; want a.test approved in version 2, 2 skipped", r, err)
+	}
+	token := func() string {
+		for _, c := range drafts(t, svc, "pending") {
+			if c.GetId() == flagged {
+				return c.GetReviewToken()
+			}
+		}
+		return ""
+	}
+	// The token was minted before version 2: the chunk is re-evaluated
+	// and skipped; the refreshed token is then accepted.
+	r, err = svc.ApproveAllDraftChunks(admin, &openshellv1.ApproveAllDraftChunksRequest{Name: "pol", Workspace: "team-a", IncludeSecurityFlagged: true,
+		Approvals: []*openshellv1.DraftChunkApproval{{ChunkId: flagged, ReviewToken: token()}}})
+	if err != nil || r.GetChunksApproved() != 0 || r.GetChunksSkipped() != 1 {
+		t.Fatalf("ApproveAllDraftChunks(stale token) = %v, %v; want it skipped", r, err)
+	}
+	r, err = svc.ApproveAllDraftChunks(admin, &openshellv1.ApproveAllDraftChunksRequest{Name: "pol", Workspace: "team-a", IncludeSecurityFlagged: true,
+		Approvals: []*openshellv1.DraftChunkApproval{{ChunkId: flagged, ReviewToken: token()}}})
+	if err != nil || r.GetChunksApproved() != 1 || r.GetPolicyVersion() != 3 {
+		t.Fatalf("ApproveAllDraftChunks(include_security_flagged) = %v, %v; want the database rule in version 3", r, err)
+	}
+	p := status(admin, t, svc, 0).GetRevision().GetPolicy()
+	if p.GetNetworkPolicies()["allow_a_test_443"] == nil || p.GetNetworkPolicies()["allow_db_test_5432"] == nil || p.GetNetworkPolicies()["allow_b_test_443"] != nil {
+		t.Errorf("policy after bulk approvals = %v", p)
+	}
+	_, err = svc.ApproveAllDraftChunks(admin, &openshellv1.ApproveAllDraftChunksRequest{Name: "pol", Workspace: "team-a", Approvals: []*openshellv1.DraftChunkApproval{{ChunkId: flagged}}})
+	apitest.WantErr(t, "ApproveAllDraftChunks(approved chunk)", err, codes.FailedPrecondition, "is not pending; refetch before bulk approval")
+}
+
+// TestAgentProposals: proposals other than mechanistic ones each make a
+// chunk and supersede older pending ones for the same (host, port,
+// binary); one that cannot apply is rejected; a later mechanistic
+// proposal already covered by an approved chunk is rejected at once.
+func TestAgentProposals(t *testing.T) {
+	svc, _, id := setup(t)
+	sup := apitest.As(t.Context(), apitest.Sandbox(id))
+	admin := apitest.As(t.Context(), apitest.OIDCUser("aa"))
+	rule := func(path string) *sandboxv1.NetworkPolicyRule {
+		return &sandboxv1.NetworkPolicyRule{Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.example.com", Port: 443, Protocol: "rest",
+			Rules: []*sandboxv1.L7Rule{{Allow: &sandboxv1.L7Allow{Method: "GET", Path: path}}}}}, Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/curl"}}}
+	}
+	agent := func(name string, r *sandboxv1.NetworkPolicyRule) *openshellv1.SubmitPolicyAnalysisResponse {
+		t.Helper()
+		resp, err := svc.SubmitPolicyAnalysis(sup, &openshellv1.SubmitPolicyAnalysisRequest{Name: "pol", AnalysisMode: "agent_authored",
+			ProposedChunks: []*openshellv1.PolicyChunk{{RuleName: name, ProposedRule: r, Rationale: "needed", Confidence: 0.9}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	first := agent("docs", rule("/docs/**")).GetAcceptedChunkIds()[0]
+	second := agent("docs_narrow", rule("/docs/a")).GetAcceptedChunkIds()[0]
+	rej := drafts(t, svc, "rejected")
+	if len(rej) != 1 || rej[0].GetId() != first || rej[0].GetRejectionReason() != "superseded by chunk "+second {
+		t.Fatalf("rejected = %v, want the first proposal superseded by %s", rej, second)
+	}
+	bad := rule("/x")
+	bad.Endpoints[0].Host = "*.com"
+	if r := agent("bad", bad); r.GetRejectedChunks() != 1 || !strings.Contains(r.GetRejectionReasons()[0], "chunk 'bad': policy invalid: ") {
+		t.Fatalf("invalid proposal = %v, want rejected as policy invalid", r)
+	}
+	var c *openshellv1.PolicyChunk
+	for _, x := range drafts(t, svc, "pending") {
+		c = x
+	}
+	if _, err := svc.ApproveDraftChunk(admin, &openshellv1.ApproveDraftChunkRequest{Name: "pol", Workspace: "team-a", ChunkId: c.GetId(), ReviewToken: c.GetReviewToken()}); err != nil {
+		t.Fatal(err)
+	}
+	mech := submit(t, svc, id, denial("/usr/bin/curl", "api.example.com", 443, 1)).GetAcceptedChunkIds()[0]
+	for _, x := range drafts(t, svc, "rejected") {
+		if x.GetId() == mech && x.GetRejectionReason() == "already covered by approved chunk "+second {
+			return
+		}
+	}
+	t.Fatalf("mechanistic chunk %s not rejected as covered by %s: %v", mech, second, drafts(t, svc, ""))
+}
+
 // TestApprovalRejectsCoveredChunks: once a revision grants what a pending
 // chunk asks for, the chunk is rejected as covered.
 func TestApprovalRejectsCoveredChunks(t *testing.T) {
