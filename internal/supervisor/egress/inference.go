@@ -55,4 +55,3 @@ func (p *Proxy) serveInferenceTunnel(c net.Conn, br *bufio.Reader, caller Caller
 		}
 	}
 }
-
