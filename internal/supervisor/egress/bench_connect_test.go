@@ -219,7 +219,7 @@ func p50(d []time.Duration) time.Duration {
 // procfs of its own (through unshare; a user namespace too when not
 // root) and returns its stdin and stdout and the path of that procfs.
 // The command ends when its stdin closes (Cleanup closes it and waits).
-func startInPIDNamespace(b *testing.B, cmd *exec.Cmd) (io.WriteCloser, io.Reader, string) {
+func startInPIDNamespace(b testing.TB, cmd *exec.Cmd) (io.WriteCloser, io.Reader, string) {
 	b.Helper()
 	args := []string{"--pid", "--fork", "--mount-proc", "--kill-child"}
 	if os.Getuid() != 0 {

@@ -324,3 +324,78 @@ func BenchmarkIdentify(b *testing.B) {
 		run(b, &ProcIdentifier{Root: root, Self: -1}, <-accepted)
 	})
 }
+
+// The same attack with real processes: in a pid namespace of its own, the
+// process holding the socket is killed after the descriptor scan and its
+// pid handed (through ns_last_pid) to a process running another binary.
+// The holder's executable is read through its /proc directory opened
+// during the scan, which fails for the dead process: the new process is
+// never reported as the caller.
+func TestIdentifyPIDReuseRealProcesses(t *testing.T) {
+	sleep := needTool(t, "sleep")
+	needTool(t, "bash")
+	dir := t.TempDir()
+	evil, good := filepath.Join(dir, "evil"), filepath.Join(dir, "good")
+	copyFile(t, sleep, evil, nil)
+	copyFile(t, sleep, good, nil)
+	accepted := make(chan net.Conn, 1)
+	ln := loopbackServer(t, func(c net.Conn) {
+		t.Cleanup(func() { c.Close() })
+		accepted <- c
+	})
+	_, port := splitAddr(t, ln.Addr().String())
+	// pid 1 of the namespace: starts the holder, then on "reuse" kills it
+	// and starts the good binary under the holder's pid (each reported
+	// once it runs its binary; the test builtin forks nothing).
+	script := `bash -c 'exec 3<>/dev/tcp/127.0.0.1/` + port + `; exec ` + evil + ` 1000' &
+H=$!
+until [ /proc/$H/exe -ef ` + evil + ` ]; do :; done
+echo "holder $H"
+read cmd
+kill -9 $H; wait $H
+echo $((H-1)) > /proc/sys/kernel/ns_last_pid
+` + good + ` 1000 &
+N=$!
+until [ /proc/$N/exe -ef ` + good + ` ]; do :; done
+echo "reused $N"
+read cmd`
+	in, out, root := startInPIDNamespace(t, exec.Command("bash", "-c", script))
+	lines := bufio.NewScanner(out)
+	next := func() string {
+		t.Helper()
+		if !lines.Scan() {
+			t.Fatalf("namespace shell ended: %v", lines.Err())
+		}
+		return lines.Text()
+	}
+	holder := strings.TrimPrefix(next(), "holder ")
+	c := <-accepted
+	client := netip.MustParseAddrPort(c.RemoteAddr().String())
+	server := netip.MustParseAddrPort(c.LocalAddr().String())
+	var reused string
+	id := &ProcIdentifier{Root: root, Self: -1, afterScan: func() {
+		fmt.Fprintln(in, "reuse")
+		reused = strings.TrimPrefix(next(), "reused ")
+	}}
+	callers, err := id.Identify(client, server)
+	if reused != holder {
+		t.Fatalf("the new process got pid %s, the holder had %s: no reuse to test", reused, holder)
+	}
+	for _, cl := range callers {
+		if cl.Exe == good && cl.Err == nil {
+			t.Fatalf("Identify attributed the socket to %s, which took the dead holder's pid %s", good, holder)
+		}
+	}
+	if err == nil && (len(callers) == 0 || callers[0].Err == nil) {
+		t.Errorf("Identify = %+v, want the dead holder reported unreadable", callers)
+	}
+}
+
+func splitAddr(t *testing.T, addr string) (string, string) {
+	t.Helper()
+	h, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, p
+}
