@@ -56,6 +56,13 @@ func checkHTTPURL(s string) error {
 	return nil
 }
 
+func checkSecurityEventSink(s string) error {
+	if s == "" || s == "stdout" || strings.HasPrefix(s, "/") {
+		return nil
+	}
+	return fmt.Errorf("%q is neither stdout nor an absolute file path", s)
+}
+
 // notImplemented are settings whose feature has not landed. They still
 // parse, so that setting one stops the gateway with a message naming it
 // instead of being ignored.

@@ -83,6 +83,8 @@ type Config struct {
 
 	RateLimit RateLimit
 
+	SecurityEvents SecurityEvents
+
 	SSHSessionTTL    time.Duration
 	DatabaseWait     time.Duration // start-up wait for an unreachable database (0 = fail at once)
 	SandboxNamespace string
@@ -162,3 +164,20 @@ type RateLimit struct {
 
 // Enabled reports whether rate limiting is on.
 func (r RateLimit) Enabled() bool { return r.Requests > 0 && r.Window > 0 }
+
+// Defaults of SecurityEvents.
+const (
+	DefaultSecurityEventMaxSizeMB = 100
+	DefaultSecurityEventMaxFiles  = 5
+)
+
+// SecurityEvents configures the security event sink (internal/securityevent).
+type SecurityEvents struct {
+	// Sink is "stdout", an absolute file path, or "" (events are only
+	// counted in the metrics).
+	Sink string
+	// MaxSizeMB rotates the file before a line would take it past this size.
+	MaxSizeMB int
+	// MaxFiles is how many rotated files are kept.
+	MaxFiles int
+}

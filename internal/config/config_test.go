@@ -65,6 +65,7 @@ func TestDefaults(t *testing.T) {
 		TLS:                TLS{LocalDir: filepath.Join(state, "openshell", "tls")},
 		SSHSessionTTL:      24 * time.Hour,
 		DatabaseWait:       60 * time.Second,
+		SecurityEvents:     SecurityEvents{MaxSizeMB: 100, MaxFiles: 5},
 	}
 	if diff := cmp.Diff(want, cfg); diff != "" {
 		t.Errorf("Load() defaults mismatch (-want +got):\n%s", diff)
@@ -305,6 +306,9 @@ func TestValidation(t *testing.T) {
 		{"negative health port", []string{"--disable-tls", "--health-port", "-1"}, nil, `invalid value "-1" for flag -health-port: -1 is out of range 0-65535`},
 		{"negative ssh ttl", []string{"--disable-tls", "--ssh-session-ttl-secs", "-5"}, nil, `invalid value "-5" for flag -ssh-session-ttl-secs: must not be negative`},
 		{"negative ssh ttl from env", []string{"--disable-tls"}, map[string]string{"OPENSHELL_SSH_SESSION_TTL_SECS": "-5"}, "--ssh-session-ttl-secs: must not be negative"},
+		{"relative security event sink", []string{"--disable-tls", "--security-event-sink", "events.jsonl"}, nil, `invalid value "events.jsonl" for flag -security-event-sink: "events.jsonl" is neither stdout nor an absolute file path`},
+		{"relative security event sink from env", []string{"--disable-tls"}, map[string]string{"OPENSHELL_SECURITY_EVENT_SINK": "stderr"}, `--security-event-sink: "stderr" is neither stdout nor an absolute file path`},
+		{"zero security event size", []string{"--disable-tls", "--security-event-max-size-mb", "0"}, nil, `invalid value "0" for flag -security-event-max-size-mb: 0 is out of range 1-1048576`},
 		{"negative jwt ttl", []string{"--disable-tls", "--jwt-ttl-secs", "-1"}, nil, `invalid value "-1" for flag -jwt-ttl-secs: must not be negative`},
 		{"negative rate limit", []string{"--disable-tls", "--grpc-rate-limit-requests", "-1"}, nil, `for flag -grpc-rate-limit-requests: must not be negative`},
 		{"oidc issuer not a url", []string{"--disable-tls", "--oidc-issuer", "idp.example"}, nil, `invalid value "idp.example" for flag -oidc-issuer: "idp.example" is not an http(s) URL`},
@@ -332,6 +336,7 @@ func TestValidation(t *testing.T) {
 		"port out of range": true, "port zero": true, "negative health port": true, "negative ssh ttl": true,
 		"negative jwt ttl": true, "negative rate limit": true, "oidc issuer not a url": true, "bad log level": true,
 		"bad int flag": true, "bad bind address": true, "bad db url": true, "unexpected arg": true, "unknown flag": true,
+		"relative security event sink": true, "zero security event size": true,
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -629,5 +634,25 @@ func TestCredentialsKEK(t *testing.T) {
 	_, err = load(t, []string{"--disable-tls", "--credentials-kek-file", "/k/kek"}, map[string]string{EnvCredentialsKEK: "a2V5"})
 	if err == nil || !strings.Contains(err.Error(), "are exclusive") {
 		t.Fatalf("both = %v, want the exclusive error", err)
+	}
+}
+
+func TestSecurityEventSettings(t *testing.T) {
+	file := writeFile(t, filepath.Join(t.TempDir(), "gw.toml"), `
+[openshell]
+version = 1
+[openshell.gateway]
+disable_tls = true
+security_event_sink = "/var/log/os/events.jsonl"
+security_event_max_size_mb = 7
+security_event_max_files = 2
+`)
+	cfg, err := load(t, []string{"--config", file, "--security-event-max-files", "3"}, map[string]string{"OPENSHELL_SECURITY_EVENT_MAX_SIZE_MB": "9"})
+	if err != nil {
+		t.Fatalf("Load() = %v", err)
+	}
+	want := SecurityEvents{Sink: "/var/log/os/events.jsonl", MaxSizeMB: 9, MaxFiles: 3}
+	if diff := cmp.Diff(want, cfg.SecurityEvents); diff != "" {
+		t.Errorf("SecurityEvents (-want +got):\n%s", diff)
 	}
 }

@@ -42,6 +42,9 @@ type fileGateway struct {
 	CredentialStorage           map[string]any   `toml:"credential_storage"`
 	SandboxNamespace            *string          `toml:"sandbox_namespace"`
 	SSHSessionTTLSecs           *int64           `toml:"ssh_session_ttl_secs"`
+	SecurityEventSink           *string          `toml:"security_event_sink"`
+	SecurityEventMaxSizeMB      *int64           `toml:"security_event_max_size_mb"`
+	SecurityEventMaxFiles       *int64           `toml:"security_event_max_files"`
 	DatabaseWaitSecs            *int64           `toml:"database_wait_secs"`
 	GRPCRateLimitRequests       *int64           `toml:"grpc_rate_limit_requests"`
 	GRPCRateLimitWindowSeconds  *int64           `toml:"grpc_rate_limit_window_seconds"`

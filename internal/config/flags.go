@@ -14,6 +14,9 @@ import (
 // default < file < env < flag.
 type settings struct {
 	configPath          string
+	secEventSink        string
+	secEventMaxSizeMB   int
+	secEventMaxFiles    int
 	bindAddress         string
 	port                int
 	healthPort          int
@@ -151,6 +154,9 @@ var specs = []*spec{
 	{name: "local-tls-dir", env: "OPENSHELL_LOCAL_TLS_DIR", def: "$XDG_STATE_HOME/openshell/tls", usage: "generate-certs output consulted for TLS/JWT auto-discovery", str: func(s *settings) *string { return &s.localTLSDir }},
 	{name: "database-wait-secs", env: "OPENSHELL_DATABASE_WAIT_SECS", kind: kInt, def: strconv.Itoa(int(DefaultDatabaseWait / time.Second)), usage: "how long start-up waits for an unreachable database, in seconds (0 = fail at once)", num: func(s *settings) *int { return &s.dbWait }, check: func(s *settings) error { return checkNonNegative(s.dbWait) }},
 	{name: "ssh-session-ttl-secs", env: "OPENSHELL_SSH_SESSION_TTL_SECS", kind: kInt, def: strconv.Itoa(int(DefaultSSHSessionTTL / time.Second)), usage: "SSH session lifetime in seconds (0 = no limit)", num: func(s *settings) *int { return &s.sshTTL }, check: func(s *settings) error { return checkNonNegative(s.sshTTL) }},
+	{name: "security-event-sink", env: "OPENSHELL_SECURITY_EVENT_SINK", usage: "security event JSON lines: stdout or an absolute file path (empty = events are only counted in /metrics)", str: func(s *settings) *string { return &s.secEventSink }, check: func(s *settings) error { return checkSecurityEventSink(s.secEventSink) }},
+	{name: "security-event-max-size-mb", env: "OPENSHELL_SECURITY_EVENT_MAX_SIZE_MB", kind: kInt, def: strconv.Itoa(DefaultSecurityEventMaxSizeMB), usage: "rotate the security event file when it would pass this size in MiB", num: func(s *settings) *int { return &s.secEventMaxSizeMB }, check: func(s *settings) error { return checkRange(s.secEventMaxSizeMB, 1, 1<<20) }},
+	{name: "security-event-max-files", env: "OPENSHELL_SECURITY_EVENT_MAX_FILES", kind: kInt, def: strconv.Itoa(DefaultSecurityEventMaxFiles), usage: "rotated security event files kept (<path>.1 … <path>.N)", num: func(s *settings) *int { return &s.secEventMaxFiles }, check: func(s *settings) error { return checkNonNegative(s.secEventMaxFiles) }},
 	{name: "jwt-signing-key", env: "OPENSHELL_JWT_SIGNING_KEY", usage: "Ed25519 sandbox JWT signing key (PKCS#8 PEM)", str: func(s *settings) *string { return &s.jwtSigningKey }},
 	{name: "jwt-public-key", env: "OPENSHELL_JWT_PUBLIC_KEY", usage: "Ed25519 sandbox JWT public key (PKIX PEM)", str: func(s *settings) *string { return &s.jwtPublicKey }},
 	{name: "jwt-kid", env: "OPENSHELL_JWT_KID", usage: "file holding the sandbox JWT key id", str: func(s *settings) *string { return &s.jwtKID }},

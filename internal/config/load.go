@@ -107,17 +107,19 @@ func Load(args []string, lookupEnv LookupEnv, output io.Writer) (*Config, error)
 
 func defaults() *settings {
 	return &settings{
-		bindAddress:    DefaultBindAddress,
-		port:           DefaultPort,
-		logLevel:       DefaultLogLevel,
-		oidcAudience:   DefaultOIDCAudience,
-		oidcRolesClaim: DefaultOIDCRolesClaim,
-		oidcAdminRole:  DefaultOIDCAdminRole,
-		oidcUserRole:   DefaultOIDCUserRole,
-		sshTTL:         int(DefaultSSHSessionTTL / time.Second),
-		dbWait:         int(DefaultDatabaseWait / time.Second),
-		gatewayID:      DefaultLocalGatewayID,
-		source:         map[string]string{},
+		bindAddress:       DefaultBindAddress,
+		port:              DefaultPort,
+		logLevel:          DefaultLogLevel,
+		oidcAudience:      DefaultOIDCAudience,
+		oidcRolesClaim:    DefaultOIDCRolesClaim,
+		oidcAdminRole:     DefaultOIDCAdminRole,
+		oidcUserRole:      DefaultOIDCUserRole,
+		sshTTL:            int(DefaultSSHSessionTTL / time.Second),
+		secEventMaxSizeMB: DefaultSecurityEventMaxSizeMB,
+		secEventMaxFiles:  DefaultSecurityEventMaxFiles,
+		dbWait:            int(DefaultDatabaseWait / time.Second),
+		gatewayID:         DefaultLocalGatewayID,
+		source:            map[string]string{},
 	}
 }
 
@@ -167,6 +169,9 @@ func (s *settings) applyFile(g *fileGateway) error {
 		s.source["drivers"] = "file"
 	}
 	setI("ssh-session-ttl-secs", &s.sshTTL, g.SSHSessionTTLSecs)
+	setS("security-event-sink", &s.secEventSink, g.SecurityEventSink)
+	setI("security-event-max-size-mb", &s.secEventMaxSizeMB, g.SecurityEventMaxSizeMB)
+	setI("security-event-max-files", &s.secEventMaxFiles, g.SecurityEventMaxFiles)
 	setI("database-wait-secs", &s.dbWait, g.DatabaseWaitSecs)
 	setI("grpc-rate-limit-requests", &s.rateRequests, g.GRPCRateLimitRequests)
 	setI("grpc-rate-limit-window-seconds", &s.rateWindow, g.GRPCRateLimitWindowSeconds)
@@ -518,6 +523,16 @@ func (s *settings) resolve(cfg *Config, file *fileRoot, lookupEnv LookupEnv) err
 		fail("--ssh-session-ttl-secs: %v", err)
 	}
 	cfg.SSHSessionTTL = time.Duration(s.sshTTL) * time.Second
+	if err := checkSecurityEventSink(s.secEventSink); err != nil {
+		fail("--security-event-sink: %v", err)
+	}
+	if err := checkRange(s.secEventMaxSizeMB, 1, 1<<20); err != nil {
+		fail("--security-event-max-size-mb: %v", err)
+	}
+	if err := checkNonNegative(s.secEventMaxFiles); err != nil {
+		fail("--security-event-max-files: %v", err)
+	}
+	cfg.SecurityEvents = SecurityEvents{Sink: s.secEventSink, MaxSizeMB: s.secEventMaxSizeMB, MaxFiles: s.secEventMaxFiles}
 	if err := checkNonNegative(s.dbWait); err != nil {
 		fail("--database-wait-secs: %v", err)
 	}

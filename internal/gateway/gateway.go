@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/pelletier/go-toml/v2"
+	"github.com/prometheus/client_golang/prometheus"
 
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
 	"github.com/openshell-go/openshell/internal/api"
@@ -232,8 +233,15 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	if issuer != nil {
 		apiMinter = issuer
 	}
+	sandboxLogs := sandboxlog.New(0)
+	registry := prometheus.NewRegistry()
+	secEvents, closeSecEvents, err := openSecurityEvents(cfg.SecurityEvents, sandboxLogs, registry)
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, closeSecEvents)
 	sandboxes := api.New(api.Options{
-		Engine: engine, Relay: relays, Logs: sandboxlog.New(0), Store: st, Minter: apiMinter, Providers: provs,
+		Engine: engine, Relay: relays, Logs: sandboxLogs, Store: st, Minter: apiMinter, Providers: provs,
 		SSHSessionTTL: cfg.SSHSessionTTL, GatewayHost: host, GatewayPort: port, GatewayScheme: scheme, Logger: logger,
 		OIDC: cfg.OIDC.Enabled(), AdminRole: cfg.OIDC.AdminRole,
 	})
@@ -255,6 +263,7 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	}
 	srvOpts := server.Options{
 		Logger: logger, Authenticator: chain, Authorizer: authz, CallbackListener: cbLn,
+		Registry: registry, SecurityEvents: secEvents,
 		RateLimit: server.RateLimit{Requests: cfg.RateLimit.Requests, Window: cfg.RateLimit.Window},
 		Deps: server.Deps{
 			Logger: logger, API: sandboxes, Inference: sandboxes.Inference,

@@ -19,6 +19,7 @@ import (
 
 	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/securityevent"
 )
 
 // RequestIDHeader carries the request id in and out (response header).
@@ -68,6 +69,8 @@ type pipeline struct {
 	authz   *auth.Authorizer
 	limiter *rateLimiter
 	metrics *metrics
+	// events receives security events; nil = none.
+	events securityevent.Emitter
 	// callbackOnly restricts the server to sandbox and dual RPCs.
 	callbackOnly bool
 }
@@ -196,15 +199,19 @@ func (p *pipeline) unary(ctx context.Context, req any, info *grpc.UnaryServerInf
 	ctx, id := requestID(ctx)
 	_ = grpc.SetHeader(ctx, metadata.Pairs(RequestIDHeader, id))
 	var pr *auth.Principal
+	refused := false
 	defer func() {
 		if r := recover(); r != nil {
 			resp, err = nil, p.recovered(ctx, info.FullMethod, r)
 		}
 		p.done(ctx, info.FullMethod, start, pr, err)
+		p.securityEvent(ctx, info.FullMethod, pr, refused, req, resp, err)
 	}()
 	ctx, pr, err = p.admit(ctx, info.FullMethod)
 	if err == nil {
 		resp, err = handler(ctx, req)
+	} else {
+		refused = true
 	}
 	return resp, p.toStatus(ctx, info.FullMethod, err)
 }
@@ -221,15 +228,29 @@ func (p *pipeline) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServer
 	ctx, id := requestID(ss.Context())
 	_ = ss.SetHeader(metadata.Pairs(RequestIDHeader, id))
 	var pr *auth.Principal
+	refused := false
+	var first *firstRecv
 	defer func() {
 		if r := recover(); r != nil {
 			err = p.recovered(ctx, info.FullMethod, r)
 		}
 		p.done(ctx, info.FullMethod, start, pr, err)
+		var req any
+		if first != nil {
+			req = first.first
+		}
+		p.securityEvent(ctx, info.FullMethod, pr, refused, req, nil, err)
 	}()
 	ctx, pr, err = p.admit(ctx, info.FullMethod)
 	if err == nil {
-		err = handler(srv, &wrappedStream{ServerStream: ss, ctx: ctx})
+		s := ss
+		if p.events != nil && securityevent.Watches(info.FullMethod) {
+			first = &firstRecv{ServerStream: ss}
+			s = first
+		}
+		err = handler(srv, &wrappedStream{ServerStream: s, ctx: ctx})
+	} else {
+		refused = true
 	}
 	return p.toStatus(ctx, info.FullMethod, err)
 }

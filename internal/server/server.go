@@ -26,6 +26,7 @@ import (
 	inferencev1 "github.com/openshell-go/openshell/api/openshell/inference/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/auth"
+	"github.com/openshell-go/openshell/internal/securityevent"
 )
 
 // Defaults of Options.
@@ -84,7 +85,10 @@ type Options struct {
 	CallbackListener net.Listener
 	// Registry receives the metrics; nil = a new registry.
 	Registry *prometheus.Registry
-	Deps     Deps
+	// SecurityEvents receives one security event per security-relevant
+	// RPC (internal/securityevent); nil = none.
+	SecurityEvents securityevent.Emitter
+	Deps           Deps
 }
 
 // Server is the gateway's front. Serve and Shutdown may be called from
@@ -176,7 +180,7 @@ func New(opts Options) (*Server, error) {
 		limiter = &rateLimiter{limit: opts.RateLimit.Requests, window: opts.RateLimit.Window, now: time.Now}
 	}
 	newPipeline := func(callbackOnly bool) *pipeline {
-		return &pipeline{log: log, authn: opts.Authenticator, authz: opts.Authorizer, limiter: limiter, metrics: m, callbackOnly: callbackOnly}
+		return &pipeline{log: log, authn: opts.Authenticator, authz: opts.Authorizer, limiter: limiter, metrics: m, events: opts.SecurityEvents, callbackOnly: callbackOnly}
 	}
 	svc := NewOpenShellService(opts.Deps)
 	var inf inferencev1.InferenceServer = &InferenceService{deps: svc.deps}

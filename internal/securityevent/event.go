@@ -1,0 +1,313 @@
+package securityevent
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// OCSFVersion is the OCSF schema version the events are shaped after.
+const OCSFVersion = "1.8.0"
+
+// Class is an OCSF event class uid.
+type Class int
+
+// The classes the gateway emits.
+const (
+	ProcessActivity   Class = 1007 // sandbox create, delete, adopt, stop, start; exec
+	DetectionFinding  Class = 2004 // rate limit exceeded
+	NetworkActivity   Class = 4001 // TCP forwards to a sandbox port
+	HTTPActivity      Class = 4002 // authentication failures, authorization denials, token issuance
+	SSHActivity       Class = 4007 // SSH sessions (ForwardTcp to the sandbox's SSH server)
+	ConfigStateChange Class = 5019 // policy, settings, providers, workspaces and members
+)
+
+type classInfo struct {
+	name         string
+	categoryUID  int
+	categoryName string
+}
+
+var classes = map[Class]classInfo{
+	ProcessActivity:   {"Process Activity", 1, "System Activity"},
+	DetectionFinding:  {"Detection Finding", 2, "Findings"},
+	NetworkActivity:   {"Network Activity", 4, "Network Activity"},
+	HTTPActivity:      {"HTTP Activity", 4, "Network Activity"},
+	SSHActivity:       {"SSH Activity", 4, "Network Activity"},
+	ConfigStateChange: {"Device Config State Change", 5, "Discovery"},
+}
+
+// String returns the OCSF class name.
+func (c Class) String() string { return classes[c].name }
+
+// Activity is an OCSF activity of a class (id and name).
+type Activity struct {
+	ID   int
+	Name string
+}
+
+// Activities used by the gateway (OCSF activity ids of their classes).
+var (
+	ActivityLaunch    = Activity{1, "Launch"}    // Process Activity
+	ActivityTerminate = Activity{2, "Terminate"} // Process Activity
+	ActivityOpen      = Activity{1, "Open"}      // Network / SSH Activity
+	ActivityRefuse    = Activity{5, "Refuse"}    // Network Activity
+	ActivityPost      = Activity{6, "Post"}      // HTTP Activity (gRPC is an HTTP/2 POST)
+	ActivityLog       = Activity{1, "Log"}       // Device Config State Change
+	ActivityCreate    = Activity{1, "Create"}    // Detection Finding
+)
+
+// ActivityOther is OCSF's "Other" (99) with a specific name.
+func ActivityOther(name string) Activity { return Activity{99, name} }
+
+// Outcome is what became of the action.
+type Outcome string
+
+// Outcomes. Denied covers Unauthenticated and PermissionDenied.
+const (
+	Success Outcome = "success"
+	Failure Outcome = "failure"
+	Denied  Outcome = "denied"
+)
+
+// Event is one security event before serialization. Fields holds extra
+// identifiers (see the keys documented in docs/observability.md); callers
+// must never put secrets, tokens, values or bodies there.
+type Event struct {
+	Class    Class
+	Activity Activity
+	Outcome  Outcome
+	// Code is the gRPC status code name ("OK", "PermissionDenied").
+	Code    string
+	Message string
+	// Method is the full gRPC method name.
+	Method    string
+	RequestID string
+	// ActorSubject and ActorKind ("user", "sandbox") name the principal;
+	// empty when the caller was not authenticated.
+	ActorSubject string
+	ActorKind    string
+	SourceIP     string
+	SandboxID    string
+	SandboxName  string
+	Workspace    string
+	Fields       map[string]string
+	Time         time.Time
+}
+
+// Emitter records security events. Emit never blocks on the caller's
+// behalf for long and never fails: a lost event is counted, not returned.
+type Emitter interface {
+	Emit(ctx context.Context, ev Event)
+}
+
+// Discard drops every event.
+var Discard Emitter = discard{}
+
+type discard struct{}
+
+func (discard) Emit(context.Context, Event) {}
+
+// Record is the JSON form of an event (one line in the sink).
+type Record struct {
+	Time         int64             `json:"time"`
+	ClassUID     int               `json:"class_uid"`
+	ClassName    string            `json:"class_name"`
+	CategoryUID  int               `json:"category_uid"`
+	CategoryName string            `json:"category_name"`
+	ActivityID   int               `json:"activity_id"`
+	ActivityName string            `json:"activity_name"`
+	TypeUID      int               `json:"type_uid"`
+	TypeName     string            `json:"type_name"`
+	SeverityID   int               `json:"severity_id"`
+	Severity     string            `json:"severity"`
+	StatusID     int               `json:"status_id"`
+	Status       string            `json:"status"`
+	StatusCode   string            `json:"status_code,omitempty"`
+	ActionID     int               `json:"action_id"`
+	Action       string            `json:"action"`
+	Message      string            `json:"message"`
+	Metadata     Metadata          `json:"metadata"`
+	Actor        *Actor            `json:"actor,omitempty"`
+	SrcEndpoint  *Endpoint         `json:"src_endpoint,omitempty"`
+	API          *API              `json:"api,omitempty"`
+	Unmapped     map[string]string `json:"unmapped,omitempty"`
+}
+
+// Metadata is OCSF metadata: event uid and the request id as correlation uid.
+type Metadata struct {
+	Version        string  `json:"version"`
+	UID            string  `json:"uid"`
+	CorrelationUID string  `json:"correlation_uid,omitempty"`
+	Product        Product `json:"product"`
+}
+
+// Product names the emitter.
+type Product struct {
+	Name       string `json:"name"`
+	VendorName string `json:"vendor_name"`
+	Version    string `json:"version,omitempty"`
+}
+
+// Actor is the authenticated principal.
+type Actor struct {
+	User User `json:"user"`
+}
+
+// User is an OCSF user: uid is the principal subject, type its kind.
+type User struct {
+	UID  string `json:"uid"`
+	Type string `json:"type,omitempty"`
+}
+
+// Endpoint is the caller's address.
+type Endpoint struct {
+	IP string `json:"ip"`
+}
+
+// API names the RPC.
+type API struct {
+	Operation string `json:"operation"`
+}
+
+// Options configure a Log.
+type Options struct {
+	// Sink receives the JSON lines; nil keeps counting without writing.
+	Sink io.Writer
+	// Registerer receives the counters; nil = not registered.
+	Registerer prometheus.Registerer
+	// Version is the product version in metadata.
+	Version string
+	// OnSandboxEvent, when set, is called with every event whose subject
+	// is a sandbox (SandboxID set) and its JSON line, e.g. to show it in
+	// GetSandboxLogs. It must not block.
+	OnSandboxEvent func(sandboxID string, line []byte, ev Event)
+	// Now is the clock; nil = time.Now.
+	Now func() time.Time
+}
+
+// Log is the Emitter that writes JSON lines and counts events.
+type Log struct {
+	o       Options
+	mu      sync.Mutex
+	total   *prometheus.CounterVec
+	dropped prometheus.Counter
+}
+
+var _ Emitter = (*Log)(nil)
+
+// New returns a Log; it fails only when the counters cannot be registered.
+func New(o Options) (*Log, error) {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	l := &Log{
+		o: o,
+		total: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "openshell_security_events_total",
+			Help: "Security events emitted by the gateway, by OCSF class and outcome.",
+		}, []string{"class", "outcome"}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "openshell_security_events_dropped_total",
+			Help: "Security events that could not be written to the sink.",
+		}),
+	}
+	if o.Registerer != nil {
+		for _, c := range []prometheus.Collector{l.total, l.dropped} {
+			if err := o.Registerer.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return l, nil
+}
+
+// Emit counts ev and writes it to the sink.
+func (l *Log) Emit(_ context.Context, ev Event) {
+	if ev.Time.IsZero() {
+		ev.Time = l.o.Now()
+	}
+	l.total.WithLabelValues(ev.Class.String(), string(ev.Outcome)).Inc()
+	if l.o.Sink == nil && l.o.OnSandboxEvent == nil {
+		return
+	}
+	line, err := json.Marshal(l.record(ev))
+	if err != nil {
+		l.dropped.Inc()
+		return
+	}
+	line = append(line, '\n')
+	if l.o.Sink != nil {
+		l.mu.Lock()
+		_, err = l.o.Sink.Write(line)
+		l.mu.Unlock()
+		if err != nil {
+			l.dropped.Inc()
+		}
+	}
+	if l.o.OnSandboxEvent != nil && ev.SandboxID != "" {
+		l.o.OnSandboxEvent(ev.SandboxID, line[:len(line)-1], ev)
+	}
+}
+
+// Severity, status and action ids of an outcome.
+func outcomeIDs(o Outcome, c Class) (sevID int, sev string, statusID int, status string, actionID int, action string) {
+	switch o {
+	case Success:
+		sevID, sev, statusID, status, actionID, action = 1, "Informational", 1, "Success", 1, "Allowed"
+	case Denied:
+		sevID, sev, statusID, status, actionID, action = 3, "Medium", 2, "Failure", 2, "Denied"
+	default:
+		sevID, sev, statusID, status, actionID, action = 2, "Low", 2, "Failure", 1, "Allowed"
+	}
+	if c == DetectionFinding {
+		sevID, sev = 4, "High"
+	}
+	return
+}
+
+func (l *Log) record(ev Event) Record {
+	ci := classes[ev.Class]
+	sevID, sev, statusID, status, actionID, action := outcomeIDs(ev.Outcome, ev.Class)
+	r := Record{
+		Time: ev.Time.UnixMilli(), ClassUID: int(ev.Class), ClassName: ci.name,
+		CategoryUID: ci.categoryUID, CategoryName: ci.categoryName,
+		ActivityID: ev.Activity.ID, ActivityName: ev.Activity.Name,
+		TypeUID: int(ev.Class)*100 + ev.Activity.ID, TypeName: ci.name + ": " + ev.Activity.Name,
+		SeverityID: sevID, Severity: sev, StatusID: statusID, Status: status, StatusCode: ev.Code,
+		ActionID: actionID, Action: action, Message: ev.Message,
+		Metadata: Metadata{
+			Version: OCSFVersion, UID: uuid.NewString(), CorrelationUID: ev.RequestID,
+			Product: Product{Name: "openshell-gateway", VendorName: "openshell-go", Version: l.o.Version},
+		},
+	}
+	if ev.ActorSubject != "" {
+		r.Actor = &Actor{User: User{UID: ev.ActorSubject, Type: ev.ActorKind}}
+	}
+	if ev.SourceIP != "" {
+		r.SrcEndpoint = &Endpoint{IP: ev.SourceIP}
+	}
+	if ev.Method != "" {
+		r.API = &API{Operation: ev.Method}
+	}
+	um := map[string]string{}
+	for k, v := range ev.Fields {
+		if v != "" {
+			um[k] = v
+		}
+	}
+	for k, v := range map[string]string{"sandbox_id": ev.SandboxID, "sandbox_name": ev.SandboxName, "workspace": ev.Workspace} {
+		if v != "" {
+			um[k] = v
+		}
+	}
+	if len(um) > 0 {
+		r.Unmapped = um
+	}
+	return r
+}
