@@ -3,6 +3,8 @@ package api
 import (
 	"testing"
 
+	"google.golang.org/grpc/codes"
+
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
@@ -76,5 +78,27 @@ func TestProvidersV2Composition(t *testing.T) {
 	}
 	if d := config(); len(d.GetPolicy().GetNetworkPolicies()) != 1 || d.GetPolicyHash() != off.GetPolicyHash() {
 		t.Errorf("after the detach: %d rules, hash %q (stored %q)", len(d.GetPolicy().GetNetworkPolicies()), d.GetPolicyHash(), off.GetPolicyHash())
+	}
+}
+
+// TestDeleteWorkspaceKeepsProfiles: as OpenShell, a workspace that still
+// holds provider profiles cannot be deleted (a workspace created again
+// under its name would inherit them); once they are gone it can.
+func TestDeleteWorkspaceKeepsProfiles(t *testing.T) {
+	s, _ := newTestService(t, false)
+	ctx := as(t.Context(), localDev)
+	mustCreateWorkspace(t, s, ctx, "team-a", nil)
+	r, err := s.ImportProviderProfiles(ctx, &openshellv1.ImportProviderProfilesRequest{Workspace: "team-a", Profiles: []*openshellv1.ProviderProfileImportItem{{
+		Profile: &openshellv1.ProviderProfile{Id: "acme", Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.acme.test", Port: 443}}}}}})
+	if err != nil || !r.GetImported() {
+		t.Fatalf("import = %v, %v", r, err)
+	}
+	_, err = s.DeleteWorkspace(ctx, &openshellv1.DeleteWorkspaceRequest{Name: "team-a"})
+	wantErr(t, "DeleteWorkspace with a profile", err, codes.FailedPrecondition, `workspace "team-a" still has 1 provider profile(s); delete them first`)
+	if _, err := s.DeleteProviderProfile(ctx, &openshellv1.DeleteProviderProfileRequest{Workspace: "team-a", Id: "acme"}); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := s.DeleteWorkspace(ctx, &openshellv1.DeleteWorkspaceRequest{Name: "team-a"}); err != nil || !d.GetDeleted() {
+		t.Fatalf("DeleteWorkspace = %v, %v", d, err)
 	}
 }

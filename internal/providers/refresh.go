@@ -30,7 +30,7 @@ import (
 // "<provider id>.<credential key>". Secret material never stays inline: it
 // is sealed like credential values (secret_material_handles, associated
 // data "<state id>/material/<key>").
-const TypeProviderRefresh = "provider_refresh"
+const TypeProviderRefresh = store.TypeProviderRefresh
 
 // Refresh states, as OpenShell reports them.
 const (

@@ -27,7 +27,7 @@ import (
 // workspace's name for that workspace's profiles (visible there only,
 // shadowing a platform profile of the same id). Built-in profiles cannot
 // be imported over, updated or deleted.
-const TypeProviderProfile = "provider_profile"
+const TypeProviderProfile = store.TypeProviderProfile
 
 // Profile sources and scopes of user profiles, as OpenShell reports them.
 const (

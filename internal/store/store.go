@@ -24,6 +24,8 @@ const (
 	TypeServiceEndpoint  = "service_endpoint"
 	TypeInferenceRoute   = "inference_route"
 	TypeDraftPolicyChunk = "draft_policy_chunk"
+	TypeProviderProfile  = "provider_profile"
+	TypeProviderRefresh  = "provider_refresh"
 )
 
 // Paging limits for List and ListScoped.

@@ -2,6 +2,7 @@ package providers
 
 import (
 	"context"
+	"fmt"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/errdefs"
@@ -67,6 +68,19 @@ func (s *Service) ImportProviderProfiles(ctx context.Context, req *openshellv1.I
 	ps, diags, err := s.o.Providers.ImportProfiles(ctx, scope, req.GetProfiles())
 	if err != nil {
 		return nil, err
+	}
+	// As CreateProvider: a workspace being deleted marks itself
+	// TERMINATING before it counts its profiles, so either that count
+	// sees these or this check sees TERMINATING and takes them back.
+	if scope != "" && ps != nil {
+		if err := s.o.Authz.WorkspaceAcceptsSandboxes(ctx, scope); err != nil {
+			for _, p := range ps {
+				if _, derr := s.o.Providers.DeleteProfile(context.WithoutCancel(ctx), scope, p.GetId(), noUsers); derr != nil {
+					return nil, fmt.Errorf("workspace %q stopped accepting profiles and removing profile '%s' failed: %w", scope, p.GetId(), derr)
+				}
+			}
+			return nil, err
+		}
 	}
 	return &openshellv1.ImportProviderProfilesResponse{Diagnostics: diags, Profiles: ps, Imported: ps != nil}, nil
 }

@@ -13,6 +13,9 @@ import (
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/api/apitest"
+	"github.com/openshell-go/openshell/internal/api/providers"
+	domain "github.com/openshell-go/openshell/internal/providers"
+	"github.com/openshell-go/openshell/internal/providers/profiles"
 )
 
 // acme is a user profile with one credential and one endpoint.
@@ -229,5 +232,26 @@ func TestUserProfiles(t *testing.T) {
 	}
 	if w := imp("team-a", acme("shared")); !w.GetImported() || !strings.Contains(diagTexts(w.GetDiagnostics()), "warning: profile 'shared' shadows a platform-scoped profile in this workspace") {
 		t.Errorf("shadowing import = %v", w)
+	}
+}
+
+// TestImportRacesWorkspaceDelete is the regression test for profiles
+// imported while their workspace was being deleted: the check before the
+// insert passed, the workspace turned TERMINATING before the rows landed,
+// and the profiles outlived it (a workspace created again under the name
+// would inherit them). The import re-checks after its inserts and takes
+// them back.
+func TestImportRacesWorkspaceDelete(t *testing.T) {
+	env := apitest.NewEnv(t)
+	apitest.CreateWorkspace(t, env.Store, "doomed")
+	hs := &hookStore{Store: env.Store, objType: domain.TypeProviderProfile}
+	hs.hook = func() { markTerminating(t, env.Store, "doomed") }
+	provs := domain.NewStore(domain.Options{Objects: hs})
+	svc := providers.New(providers.Options{Engine: env.Engine, Authz: env.Authz(false), Providers: provs})
+	_, err := svc.ImportProviderProfiles(t.Context(), &openshellv1.ImportProviderProfilesRequest{Workspace: "doomed",
+		Profiles: []*openshellv1.ProviderProfileImportItem{acme("acme")}})
+	apitest.WantErr(t, "ImportProviderProfiles", err, codes.FailedPrecondition, `workspace "doomed" is being deleted`)
+	if ps, err := provs.Profiles(t.Context(), "doomed"); err != nil || len(ps) != len(profiles.Builtin().IDs()) {
+		t.Fatalf("profiles left in the terminating workspace: %d user profiles, %v", len(ps)-len(profiles.Builtin().IDs()), err)
 	}
 }

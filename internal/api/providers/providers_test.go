@@ -1,6 +1,7 @@
 package providers_test
 
 import (
+	stdcmp "cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -404,18 +405,29 @@ func TestProfiles(t *testing.T) {
 	apitest.WantErr(t, "GetProviderProfile(nope)", err, codes.NotFound, "provider profile 'nope' not found")
 }
 
-// hookStore runs a hook before the first Create of a provider.
+// hookStore runs a hook before the first Create of objType (default
+// provider).
 type hookStore struct {
 	store.Store
-	once sync.Once
-	hook func()
+	objType string
+	once    sync.Once
+	hook    func()
 }
 
 func (h *hookStore) Create(ctx context.Context, objType string, msg proto.Message) (store.WriteResult, error) {
-	if objType == store.TypeProvider {
+	if objType == stdcmp.Or(h.objType, store.TypeProvider) {
 		h.once.Do(h.hook)
 	}
 	return h.Store.Create(ctx, objType, msg)
+}
+
+// markTerminating marks workspace ws TERMINATING, as a delete does first.
+func markTerminating(t *testing.T, st store.Store, ws string) {
+	if _, _, err := store.UpdateCASAs(t.Context(), st, store.TypeWorkspace, authz.WorkspaceID(ws), 0,
+		func() *datamodelv1.Workspace { return &datamodelv1.Workspace{} },
+		func(w *datamodelv1.Workspace) error { w.Status.Phase = authz.WorkspaceTerminating; return nil }); err != nil {
+		t.Errorf("mark terminating: %v", err)
+	}
 }
 
 // TestCreateRacesWorkspaceDelete is the regression test for a provider
@@ -427,13 +439,7 @@ func TestCreateRacesWorkspaceDelete(t *testing.T) {
 	env := apitest.NewEnv(t)
 	apitest.CreateWorkspace(t, env.Store, "doomed")
 	hs := &hookStore{Store: env.Store}
-	hs.hook = func() {
-		if _, _, err := store.UpdateCASAs(t.Context(), env.Store, store.TypeWorkspace, authz.WorkspaceID("doomed"), 0,
-			func() *datamodelv1.Workspace { return &datamodelv1.Workspace{} },
-			func(w *datamodelv1.Workspace) error { w.Status.Phase = authz.WorkspaceTerminating; return nil }); err != nil {
-			t.Errorf("mark terminating: %v", err)
-		}
-	}
+	hs.hook = func() { markTerminating(t, env.Store, "doomed") }
 	kr, err := credentials.LoadOrCreateKEK(t.TempDir() + "/kek")
 	if err != nil {
 		t.Fatal(err)

@@ -248,7 +248,9 @@ func (s *Service) deleteTerminating(ctx context.Context, name string, rv uint64)
 	// Sandboxes and providers block the delete (as OpenShell): a provider
 	// left behind would keep its credentials and hand them to a workspace
 	// created again under the same name.
-	for _, kind := range []struct{ objType, what string }{{store.TypeSandbox, "sandbox(es)"}, {store.TypeProvider, "provider(s)"}} {
+	// Its provider profiles too (as OpenShell): a workspace created again
+	// under the same name would inherit them.
+	for _, kind := range []struct{ objType, what string }{{store.TypeSandbox, "sandbox(es)"}, {store.TypeProvider, "provider(s)"}, {store.TypeProviderProfile, "provider profile(s)"}} {
 		n, err := s.count(ctx, kind.objType, name)
 		if err != nil {
 			return 0, err
