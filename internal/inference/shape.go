@@ -175,7 +175,8 @@ func Headers(r *inferencev1.ResolvedRoute, in http.Header) http.Header {
 
 // Body rewrites a JSON request body for route r: the model becomes the
 // route's; Vertex rawPredict bodies lose "model" (it is in the URL) and
-// gain anthropic_version unless set. Non-JSON bodies and bodies that are
+// "context_management" (rejected there) and gain anthropic_version unless
+// set. Non-JSON bodies and bodies that are
 // not objects pass unchanged. stream reports the body's "stream": true.
 func Body(r *inferencev1.ResolvedRoute, body []byte) (out []byte, stream bool) {
 	var obj map[string]json.RawMessage
@@ -187,6 +188,8 @@ func Body(r *inferencev1.ResolvedRoute, body []byte) (out []byte, stream bool) {
 	}
 	if vertexRawPredict(r) {
 		delete(obj, "model")
+		// An Anthropic SDK field Vertex's rawPredict rejects.
+		delete(obj, "context_management")
 		if _, ok := obj["anthropic_version"]; !ok {
 			obj["anthropic_version"], _ = json.Marshal(VertexAnthropicVersion)
 		}

@@ -118,7 +118,7 @@ func TestBody(t *testing.T) {
 		{"model rewritten", `{"model":"anything","messages":[],"stream":true}`, openaiRoute, map[string]any{"model": "gpt-x", "messages": []any{}, "stream": true}, true},
 		{"model added", `{"messages":[]}`, anthRoute, map[string]any{"model": "claude-x", "messages": []any{}}, false},
 		{"vertex gemini gets publisher model", `{"model":"x"}`, vxGemini, map[string]any{"model": "google/gemini-x"}, false},
-		{"vertex rawPredict: model removed, version injected", `{"model":"x","stream":false}`, vxClaude, map[string]any{"anthropic_version": VertexAnthropicVersion, "stream": false}, false},
+		{"vertex rawPredict: model removed, version injected", `{"model":"x","stream":false,"context_management":{}}`, vxClaude, map[string]any{"anthropic_version": VertexAnthropicVersion, "stream": false}, false},
 		{"vertex rawPredict: client version kept", `{"anthropic_version":"v9"}`, vxClaude, map[string]any{"anthropic_version": "v9"}, false},
 	} {
 		out, stream := Body(tc.r, []byte(tc.in))

@@ -49,7 +49,7 @@ type Options struct {
 	Providers *providers.Store
 	Authz     *authz.Authorizer
 	// Client sends the verification probes of SetInferenceRoute; nil is
-	// a client with a 30 s timeout.
+	// a client with a 30 s timeout that does not follow redirects.
 	Client *http.Client
 	Logger *slog.Logger // nil: discard
 	Now    func() time.Time
@@ -67,7 +67,8 @@ var _ inferencev1.InferenceServer = (*Service)(nil)
 // New returns a Service.
 func New(o Options) *Service {
 	if o.Client == nil {
-		o.Client = &http.Client{Timeout: 30 * time.Second}
+		// Redirects are not followed: the probe carries the key.
+		o.Client = &http.Client{Timeout: 30 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	}
 	if o.Now == nil {
 		o.Now = time.Now

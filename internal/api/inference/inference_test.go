@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -385,5 +386,27 @@ func TestVerify(t *testing.T) {
 	got, err := svc.GetInferenceRoute(ctx, &inferencev1.GetInferenceRouteRequest{})
 	if err != nil || got.GetProviderName() != "good" {
 		t.Errorf("route after failed verify = %v, %v, want the verified one", got, err)
+	}
+}
+
+// TestVerifyDoesNotFollowRedirects: a probe answered with a redirect is a
+// failed verification; the key never reaches the redirect's target.
+func TestVerifyDoesNotFollowRedirects(t *testing.T) {
+	var leaked atomic.Bool
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		leaked.Store(r.Header.Get("X-Api-Key") != "" || r.Header.Get("Authorization") != "")
+	}))
+	defer other.Close()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, other.URL+"/steal", http.StatusTemporaryRedirect)
+	}))
+	defer srv.Close()
+	e := apitest.NewEnv(t)
+	svc := newService(e, false)
+	createProvider(t, e, "default", "an", "anthropic", map[string]string{"ANTHROPIC_API_KEY": "ak-redirect"}, map[string]string{"ANTHROPIC_BASE_URL": srv.URL + "/v1"})
+	_, err := svc.SetInferenceRoute(apitest.As(t.Context(), apitest.LocalDev), &inferencev1.SetInferenceRouteRequest{ProviderName: "an", ModelId: "claude-x"})
+	apitest.WantErr(t, "redirected probe", err, codes.FailedPrecondition, "upstream returned an unexpected response with upstream returned HTTP 307")
+	if leaked.Load() {
+		t.Error("the probe followed the redirect with the key")
 	}
 }

@@ -257,3 +257,26 @@ func TestRefresh(t *testing.T) {
 		t.Errorf("NotFound: %v, routes %d", err, len(r.bundle.Load().routes))
 	}
 }
+
+// TestRedirectNotFollowed: an upstream redirect goes back to the agent;
+// the router never sends the key to the redirect's target.
+func TestRedirectNotFollowed(t *testing.T) {
+	other, seenOther := fakeUpstream(t, func(http.ResponseWriter, *http.Request) {})
+	srv, _ := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, other.URL+"/steal", http.StatusTemporaryRedirect)
+	})
+	r := New(Options{})
+	r.Set(bundleOf(&inferencev1.ResolvedRoute{Name: "inference.local", BaseUrl: srv.URL, Protocols: []string{"anthropic_messages"}, ApiKey: "ak-real", ProviderType: "anthropic"}))
+	c := agentClient(serveProxy(t, r))
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	resp := post(t, c, "/v1/messages", `{}`, nil)
+	readAll(t, resp)
+	if resp.StatusCode != http.StatusTemporaryRedirect {
+		t.Errorf("status %d, want the upstream's 307", resp.StatusCode)
+	}
+	select {
+	case s := <-seenOther:
+		t.Errorf("the redirect target saw %+v", s)
+	default:
+	}
+}
