@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -24,7 +25,8 @@ import (
 // sandbox's pid namespace, in the sandbox's network namespace.
 //
 // Per connection it asks the kernel for the socket's inode (sock_diag, an
-// exact lookup; /proc/net/tcp{,6} when netlink is unavailable), then scans
+// exact lookup; /proc/net/tcp{,6} when that fails, and from then on once
+// the socket was found there only), then scans
 // every process's descriptors for that inode: the complete set of holders
 // is needed (a socket handed to another process must not be attributed to
 // the first one only), and no cache of descriptors can prove that (a
@@ -41,8 +43,13 @@ type ProcIdentifier struct {
 	// supervisor itself); 0 means os.Getpid().
 	Self int
 
-	// lookup, when set, replaces the kernel's socket lookup (tests).
+	// lookup, when set, replaces the whole socket lookup, and diag the
+	// sock_diag query only (tests).
 	lookup func(client, server netip.AddrPort) (uint64, error)
+	diag   func(local, remote netip.AddrPort) (uint64, uint32, error)
+	// noDiag is set once sock_diag missed a socket /proc/net/tcp showed
+	// (a kernel without tcp_diag loaded answers every lookup ENOENT).
+	noDiag atomic.Bool
 	// afterScan, when set, runs between the descriptor scan and the
 	// reading of the holders' executables (tests).
 	afterScan func()
@@ -166,16 +173,29 @@ func (p *ProcIdentifier) socketInode(client, server netip.AddrPort) (uint64, err
 	if p.lookup != nil {
 		return p.lookup(client, server)
 	}
-	ino, _, err := diagSocket(client, server)
-	if errors.Is(err, errNoSockDiag) {
+	if p.noDiag.Load() {
 		return p.procNetInode(client, server)
 	}
-	if err != nil {
-		return 0, err
+	diag := p.diag
+	if diag == nil {
+		diag = diagSocket
 	}
-	if ino == 0 {
+	ino, _, err := diag(client, server)
+	switch {
+	case err == nil && ino == 0:
 		return 0, fmt.Errorf("socket of %s has no inode (already closed)", client)
+	case err == nil:
+		return ino, nil
 	}
+	// Not found, or sock_diag unusable here (no netlink family, or no
+	// tcp_diag in the kernel, which answers every lookup ENOENT):
+	// /proc/net/tcp decides, and a socket found only there turns
+	// sock_diag off for this identifier.
+	ino, perr := p.procNetInode(client, server)
+	if perr != nil {
+		return 0, perr
+	}
+	p.noDiag.Store(true)
 	return ino, nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+	"golang.org/x/sys/unix"
 )
 
 // needTool returns the path of a real client binary; under CI=true a
@@ -398,4 +399,43 @@ func splitAddr(t *testing.T, addr string) (string, string) {
 		t.Fatal(err)
 	}
 	return h, p
+}
+
+// A kernel whose sock_diag answers every lookup ENOENT (tcp_diag not
+// loaded) does not break identification: /proc/net/tcp finds the socket,
+// and sock_diag is not asked again.
+func TestSocketInodeFallsBackFromSockDiag(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	local := netip.MustParseAddrPort(c.LocalAddr().String())
+	remote := netip.MustParseAddrPort(c.RemoteAddr().String())
+	calls := 0
+	id := &ProcIdentifier{Root: "/proc", diag: func(netip.AddrPort, netip.AddrPort) (uint64, uint32, error) {
+		calls++
+		return 0, 0, unix.ENOENT
+	}}
+	want, err := id.procNetInode(local, remote)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if ino, err := id.socketInode(local, remote); err != nil || ino != want {
+			t.Fatalf("socketInode = %d, %v; want %d from /proc/net/tcp", ino, err, want)
+		}
+	}
+	if calls != 1 {
+		t.Errorf("sock_diag asked %d times, want once (then left off)", calls)
+	}
+	gone := netip.AddrPortFrom(local.Addr(), 1)
+	if _, err := id.socketInode(gone, remote); err == nil {
+		t.Errorf("socketInode(%s) found a socket that does not exist", gone)
+	}
 }

@@ -10,8 +10,8 @@ import (
 )
 
 // errNoSockDiag means the kernel's sock_diag netlink interface cannot be
-// used here (no socket family, refused): the caller falls back to
-// /proc/net/tcp.
+// used here (no socket family, refused). ProcIdentifier falls back to
+// /proc/net/tcp on any sock_diag error.
 var errNoSockDiag = errors.New("sock_diag unavailable")
 
 // Sizes of the kernel's structures (linux/netlink.h, linux/inet_diag.h).
