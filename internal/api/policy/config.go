@@ -18,6 +18,7 @@ import (
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/lifecycle"
 	policyrules "github.com/openshell-go/openshell/internal/policy"
+	"github.com/openshell-go/openshell/internal/policy/advisor"
 	"github.com/openshell-go/openshell/internal/settings"
 	"github.com/openshell-go/openshell/internal/store"
 )
@@ -187,6 +188,27 @@ func write(req *openshellv1.UpdateConfigRequest) policyrules.Write {
 	return policyrules.Write{Annotations: req.GetAnnotations(), ExpectedRV: req.GetExpectedResourceVersion()}
 }
 
+// checkMergeTargets refuses, as OpenShell, rules under the reserved
+// _provider_ prefix and endpoints the proxy never dials.
+func checkMergeTargets(ops []*openshellv1.PolicyMergeOperation) error {
+	for _, op := range ops {
+		switch o := op.GetOperation().(type) {
+		case *openshellv1.PolicyMergeOperation_AddRule:
+			if name := strings.TrimSpace(o.AddRule.GetRuleName()); strings.HasPrefix(name, "_provider_") {
+				return errdefs.InvalidArgument(fmt.Sprintf("merge operation add_rule rule_name '%s' uses reserved '_provider_' prefix for provider composition", name))
+			}
+			if err := advisor.AlwaysBlockedRule(o.AddRule.GetRule()); err != nil {
+				return err
+			}
+		case *openshellv1.PolicyMergeOperation_AddAllowRules:
+			if err := advisor.AlwaysBlockedHost(o.AddAllowRules.GetHost()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // staleVersion refuses a write on sb read at another resource version.
 func staleVersion(sb *openshellv1.Sandbox, w policyrules.Write) error {
 	if rv := sb.GetMetadata().GetResourceVersion(); w.ExpectedRV != 0 && rv != w.ExpectedRV {
@@ -201,6 +223,9 @@ func staleVersion(sb *openshellv1.Sandbox, w policyrules.Write) error {
 // force, like a whole-policy update.
 func (s *Service) mergeSandboxPolicy(ctx context.Context, sb *openshellv1.Sandbox, ops []*openshellv1.PolicyMergeOperation, w policyrules.Write) (*openshellv1.UpdateConfigResponse, error) {
 	if err := policyrules.CheckMergeOperations(ops); err != nil {
+		return nil, err
+	}
+	if err := checkMergeTargets(ops); err != nil {
 		return nil, err
 	}
 	if err := staleVersion(sb, w); err != nil {

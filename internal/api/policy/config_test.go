@@ -232,6 +232,12 @@ func TestUpdateConfigRefusals(t *testing.T) {
 			codes.InvalidArgument, "annotations are only supported for sandbox-scoped updates"},
 		{"invalid annotation key", &openshellv1.UpdateConfigRequest{Name: "pol", Workspace: "team-a", Policy: livePolicy(), Annotations: map[string]string{"-bad": "b"}},
 			codes.InvalidArgument, "-bad"},
+		{"merge into a provider rule", &openshellv1.UpdateConfigRequest{Name: "pol", Workspace: "team-a", MergeOperations: []*openshellv1.PolicyMergeOperation{{Operation: &openshellv1.PolicyMergeOperation_AddRule{
+			AddRule: &openshellv1.AddNetworkRule{RuleName: "_provider_gh", Rule: &sandboxv1.NetworkPolicyRule{Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "a.test", Port: 443}}}}}}}},
+			codes.InvalidArgument, "merge operation add_rule rule_name '_provider_gh' uses reserved '_provider_' prefix for provider composition"},
+		{"merge a metadata host", &openshellv1.UpdateConfigRequest{Name: "pol", Workspace: "team-a", MergeOperations: []*openshellv1.PolicyMergeOperation{{Operation: &openshellv1.PolicyMergeOperation_AddRule{
+			AddRule: &openshellv1.AddNetworkRule{RuleName: "m", Rule: &sandboxv1.NetworkPolicyRule{Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "169.254.169.254", Port: 80}}}}}}}},
+			codes.InvalidArgument, "proposed rule endpoint host '169.254.169.254' is an always-blocked address"},
 		{"global expected resource version", &openshellv1.UpdateConfigRequest{Global: true, SettingKey: "ocsf_json_enabled", SettingValue: boolSetting(true), ExpectedResourceVersion: 3},
 			codes.InvalidArgument, "expected_resource_version is only supported for sandbox-scoped updates"},
 		{"no name", &openshellv1.UpdateConfigRequest{Workspace: "team-a", SettingKey: "ocsf_json_enabled", SettingValue: boolSetting(true)},

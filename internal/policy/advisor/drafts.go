@@ -270,22 +270,32 @@ func (d Drafts) requireCurrent(ctx context.Context, sb Sandbox, c *chunk, token 
 	return nil
 }
 
-// alwaysBlockedRule refuses rules the proxy would never honour: loopback,
-// link-local and unspecified addresses, localhost and cloud metadata
-// hostnames (OpenShell's texts). Submit and edit store such drafts;
-// approval refuses them.
-func alwaysBlockedRule(rule *sandboxv1.NetworkPolicyRule) error {
+// AlwaysBlockedHost refuses a host the proxy would never dial: a
+// loopback, link-local or unspecified address, localhost, or a cloud
+// metadata hostname (OpenShell's texts, InvalidArgument). Unlike
+// OpenShell, loopback entries of allowed_ips are not refused: this
+// gateway's proxy does dial them when the endpoint names them.
+func AlwaysBlockedHost(host string) error {
+	host = strings.TrimSpace(host)
+	lc := strings.ToLower(host)
+	if a, err := parseAddr(host); err == nil && alwaysBlocked(a) {
+		return errdefs.InvalidArgument(fmt.Sprintf("proposed rule endpoint host '%s' is an always-blocked address (loopback/link-local/unspecified); the proxy will deny traffic to this destination regardless of policy", host))
+	}
+	if lc == "localhost" || lc == "localhost." {
+		return errdefs.InvalidArgument("proposed rule endpoint host 'localhost' is always blocked; the proxy will deny traffic to loopback regardless of policy")
+	}
+	if IsLinkLocalOrMetadata(lc) {
+		return errdefs.InvalidArgument(fmt.Sprintf("proposed rule endpoint host '%s' is a known cloud metadata hostname; the proxy will deny traffic to this destination regardless of policy", host))
+	}
+	return nil
+}
+
+// AlwaysBlockedRule is AlwaysBlockedHost for every endpoint of rule.
+// Submit and edit store such drafts; approval refuses them.
+func AlwaysBlockedRule(rule *sandboxv1.NetworkPolicyRule) error {
 	for _, ep := range rule.GetEndpoints() {
-		host := strings.TrimSpace(ep.GetHost())
-		lc := strings.ToLower(host)
-		if a, err := parseAddr(host); err == nil && alwaysBlocked(a) {
-			return errdefs.InvalidArgument(fmt.Sprintf("proposed rule endpoint host '%s' is an always-blocked address (loopback/link-local/unspecified); the proxy will deny traffic to this destination regardless of policy", host))
-		}
-		if lc == "localhost" || lc == "localhost." {
-			return errdefs.InvalidArgument("proposed rule endpoint host 'localhost' is always blocked; the proxy will deny traffic to loopback regardless of policy")
-		}
-		if IsLinkLocalOrMetadata(lc) {
-			return errdefs.InvalidArgument(fmt.Sprintf("proposed rule endpoint host '%s' is a known cloud metadata hostname; the proxy will deny traffic to this destination regardless of policy", host))
+		if err := AlwaysBlockedHost(ep.GetHost()); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -293,7 +303,7 @@ func alwaysBlockedRule(rule *sandboxv1.NetworkPolicyRule) error {
 
 // merge adds c's rule to sb's policy as a new revision.
 func (d Drafts) merge(ctx context.Context, sb Sandbox, c *chunk) (*openshellv1.SandboxPolicyRevision, error) {
-	if err := alwaysBlockedRule(c.p.GetProposedRule()); err != nil {
+	if err := AlwaysBlockedRule(c.p.GetProposedRule()); err != nil {
 		return nil, d.keepError(ctx, c, err)
 	}
 	rev, err := d.History.Apply(ctx, sb.Sandbox, func(cur *sandboxv1.SandboxPolicy) (*sandboxv1.SandboxPolicy, error) {
@@ -811,7 +821,7 @@ func (d Drafts) ApproveAll(ctx context.Context, sb Sandbox, includeFlagged bool,
 			}
 			return nil, 0, 0, err
 		}
-		if err := alwaysBlockedRule(c.p.GetProposedRule()); err != nil {
+		if err := AlwaysBlockedRule(c.p.GetProposedRule()); err != nil {
 			_ = d.keepError(ctx, &c, err)
 			skipped++
 			continue
