@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/creack/pty"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/volume"
@@ -447,4 +448,28 @@ func median(ds []time.Duration) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// TestDockerCLIConnect: the CLI creates a docker sandbox from a locally
+// built image (--image name:tag) and connects to it through a pty.
+func TestDockerCLIConnect(t *testing.T) {
+	g, _, img := dockerGateway(t, Options{})
+	c := newCLI(t, g)
+	if _, errOut, code := c.run("", "sandbox", "create", "--name", "dcli", "--image", img, "--detach", "--", "sleep", "1000000"); code != 0 || !strings.Contains(errOut, "Sandbox dcli is ready") {
+		t.Fatalf("create --image %s = %d %q", img, code, errOut)
+	}
+	ptmx, err := pty.Start(c.cmd("sandbox", "connect", "dcli"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptmx.Close()
+	_ = pty.Setsize(ptmx, &pty.Winsize{Rows: 30, Cols: 100})
+	if _, err := ptmx.Write([]byte("echo hi-$((40+2)) $(id -u); stty size; exit\n")); err != nil {
+		t.Fatal(err)
+	}
+	screen := readAll(ptmx, 20*time.Second)
+	if !strings.Contains(screen, "hi-42 1000") || !strings.Contains(screen, "30 100") {
+		t.Fatalf("pty screen lacks the command output (as uid 1000) and size:\n%s", screen)
+	}
+	c.ok("sandbox", "delete", "dcli")
 }

@@ -172,9 +172,9 @@ func Client(t testing.TB, host string) *client.Client {
 }
 
 // BusyboxImage is the tag of the image BusyboxImage builds.
-const BusyboxImage = "openshell-test/busybox:1"
+const BusyboxImage = "openshell-test/busybox:2"
 
-var busyboxApplets = []string{"sh", "ls", "cat", "echo", "sleep", "id", "env", "stat", "touch", "mkdir", "rm", "true", "false", "wc", "head", "ps", "grep"}
+var busyboxApplets = []string{"sh", "ls", "cat", "echo", "sleep", "id", "env", "stat", "touch", "mkdir", "rm", "true", "false", "wc", "head", "ps", "grep", "stty", "tty", "nc", "uname", "printf", "seq", "tr", "expr"}
 
 // Busybox builds BusyboxImage on host (once; a no-op when it exists):
 // FROM scratch with the host's static /bin/busybox and its applet links.
