@@ -99,7 +99,8 @@ var Registered = []Key{
 		Effect: "gateway: provider profiles contribute network rules to sandbox policies (internal/api/policy, internal/providers)"},
 	{Name: "ocsf_json_enabled", Kind: Bool, Scopes: ScopeSandbox | ScopeGlobal, Default: boolValue(false)},
 	{Name: "agent_policy_proposals_enabled", Kind: Bool, Scopes: ScopeSandbox | ScopeGlobal, Default: boolValue(false)},
-	{Name: "proposal_approval_mode", Kind: String, Scopes: ScopeSandbox | ScopeGlobal, Default: stringValue("manual"), Allowed: []string{"manual", "auto"}},
+	{Name: "proposal_approval_mode", Kind: String, Scopes: ScopeSandbox | ScopeGlobal, Default: stringValue("manual"), Allowed: []string{"manual", "auto"},
+		Effect: "gateway: auto approves policy advisor proposals without prover findings or security notes (internal/policy/advisor)"},
 }
 
 // Lookup returns the registered key name.
