@@ -97,6 +97,11 @@ type app struct {
 
 	logger   *slog.Logger
 	executed bool
+	// ctx is the context of this Run (for work done while resolving the
+	// gateway, such as refreshing an OIDC token).
+	ctx context.Context
+	// openBrowser opens a URL for 'gateway login'; tests replace it.
+	openBrowser func(string) error
 
 	target *gatewayTarget
 	conn   *grpc.ClientConn
@@ -111,12 +116,13 @@ type app struct {
 
 func newApp(stdin io.Reader, stdout, stderr io.Writer) *app {
 	a := &app{
-		stdin:     stdin,
-		stdout:    stdout,
-		stderr:    stderr,
-		getenv:    os.Getenv,
-		lookupEnv: os.LookupEnv,
-		now:       time.Now,
+		stdin:       stdin,
+		stdout:      stdout,
+		stderr:      stderr,
+		getenv:      os.Getenv,
+		lookupEnv:   os.LookupEnv,
+		now:         time.Now,
+		openBrowser: defaultOpenBrowser,
 		executable: func() (string, error) {
 			p, err := os.Executable()
 			if err != nil {
@@ -133,6 +139,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *app {
 }
 
 func (a *app) run(ctx context.Context, args []string) error {
+	a.ctx = ctx
 	root := a.newRootCmd()
 	root.SetArgs(args)
 	root.SetOut(a.stdout)

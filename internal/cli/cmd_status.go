@@ -77,7 +77,7 @@ func (a *app) probeStatus(ctx context.Context, c openshellv1.OpenShellClient) (g
 		// Reachable, but the stored credentials could not be sent.
 		st.Auth = "not_authenticated"
 		st.AuthError = a.credentialsProblem
-		st.Hint = fmt.Sprintf("log in with OpenShell's CLI: 'openshell gateway login %s'", a.target.Name)
+		st.Hint = fmt.Sprintf("log in with 'openshell gateway login %s'", a.target.Name)
 		return st, nil
 	}
 	info, err := c.GetGatewayInfo(ctx, &openshellv1.GetGatewayInfoRequest{})

@@ -108,9 +108,10 @@ func (a *app) resolveGateway() (gatewayTarget, error) {
 }
 
 // applyAuthMode sets t's credentials from the entry's auth_mode: mtls and
-// plaintext need nothing more; oidc sends the access token OpenShell's CLI
-// stored at login (over https only); other modes are refused instead of
-// dialing the gateway without credentials.
+// plaintext need nothing more; oidc sends the access token stored by
+// 'gateway login' (over https only), refreshed when it expires within 30 s;
+// other modes are refused instead of dialing the gateway without
+// credentials.
 func (a *app) applyAuthMode(reg *registry, e gatewayEntry, t *gatewayTarget) error {
 	t.AuthMode = e.effectiveAuthMode()
 	switch t.AuthMode {
@@ -120,7 +121,11 @@ func (a *app) applyAuthMode(reg *registry, e gatewayEntry, t *gatewayTarget) err
 		if !strings.HasPrefix(t.Endpoint, "https://") {
 			return fmt.Errorf("gateway %q uses OIDC, which needs an https:// endpoint, not %s", e.Name, t.Endpoint)
 		}
-		tok, err := reg.oidcAccessToken(e.Name, a.now())
+		ctx := a.ctx
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		tok, err := a.oidcAccessToken(ctx, reg, e, t.Insecure)
 		if err != nil {
 			if a.probeWithoutCredentials {
 				a.credentialsProblem = err.Error()

@@ -115,7 +115,7 @@ func (a *app) rpcError(err error, what string) error {
 func unauthenticatedHint(t gatewayTarget) string {
 	switch {
 	case t.BearerToken != "":
-		return fmt.Sprintf("the gateway did not accept the OIDC access token of gateway %q: log in again with OpenShell's CLI ('openshell gateway login %s'); this openshell cannot log in or refresh tokens yet", t.Name, t.Name)
+		return fmt.Sprintf("the gateway did not accept the OIDC access token of gateway %q: log in again with 'openshell gateway login %s'", t.Name, t.Name)
 	case t.CertFile != "":
 		return fmt.Sprintf("the client certificate %s was not accepted; check that it is signed by the gateway's CA and has not expired", t.CertFile)
 	case strings.HasPrefix(t.Endpoint, "http://") || strings.HasPrefix(t.Endpoint, "unix://"):

@@ -13,7 +13,6 @@ import (
 	"regexp"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/openshell-go/openshell/internal/atomicfile"
 )
@@ -364,6 +363,9 @@ type addOptions struct {
 	CA, Cert, Key       string // source files to copy
 	Insecure            bool
 	AllowShadowedSystem bool
+	// OIDC registers an auth_mode "oidc" gateway (OpenShell's
+	// --oidc-issuer, --oidc-client-id, --oidc-audience, --oidc-scopes).
+	OIDCIssuer, OIDCClientID, OIDCAudience, OIDCScopes string
 }
 
 // Add registers a gateway in the user root. It writes into a temporary
@@ -383,6 +385,17 @@ func (r *registry) Add(o addOptions) (gatewayEntry, error) {
 	}
 	if (o.CA != "" || o.Cert != "") && !strings.HasPrefix(o.Endpoint, "https://") {
 		return gatewayEntry{}, usagef("--ca, --cert and --key need an https:// endpoint")
+	}
+	if o.OIDCIssuer == "" && (o.OIDCClientID != "" || o.OIDCAudience != "" || o.OIDCScopes != "") {
+		return gatewayEntry{}, usagef("--oidc-client-id, --oidc-audience and --oidc-scopes need --oidc-issuer")
+	}
+	if o.OIDCIssuer != "" {
+		if !strings.HasPrefix(o.Endpoint, "https://") {
+			return gatewayEntry{}, usagef("--oidc-issuer needs an https:// endpoint: the access token is sent over TLS only")
+		}
+		if u, err := url.Parse(o.OIDCIssuer); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			return gatewayEntry{}, usagef("invalid --oidc-issuer %q: want an http:// or https:// URL", o.OIDCIssuer)
+		}
 	}
 	final := filepath.Join(r.gatewaysDir(r.userDir), o.Name)
 	if _, err := os.Stat(final); err == nil {
@@ -418,6 +431,12 @@ func (r *registry) Add(o addOptions) (gatewayEntry, error) {
 		}
 	}
 	m := newGatewayMeta(o.Name, o.Endpoint, o.Insecure)
+	if o.OIDCIssuer != "" {
+		m.AuthMode, m.OIDCIssuer, m.OIDCClientID, m.OIDCAudience, m.OIDCScopes = authModeOIDC, o.OIDCIssuer, o.OIDCClientID, o.OIDCAudience, o.OIDCScopes
+		if m.OIDCClientID == "" {
+			m.OIDCClientID = oidcDefaultClientID
+		}
+	}
 	b, err := marshalGatewayMeta(m)
 	if err != nil {
 		return gatewayEntry{}, err
@@ -467,25 +486,66 @@ func (r *registry) oidcTokenPath(name string) string {
 	return filepath.Join(r.gatewaysDir(r.userDir), name, "oidc_token.json")
 }
 
-// oidcAccessToken returns the stored access token of an auth_mode "oidc"
-// gateway. This CLI cannot log in or refresh yet: a missing or expiring
-// token (OpenShell's rule: expired 30 s before expires_at) is an error that
-// says so, never a request without credentials.
-func (r *registry) oidcAccessToken(name string, now time.Time) (string, error) {
+// loadOIDCToken reads a gateway's oidc_token.json; a missing file is
+// fs.ErrNotExist.
+func (r *registry) loadOIDCToken(name string) (oidcTokenBundle, error) {
 	path := r.oidcTokenPath(name)
 	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return "", fmt.Errorf("OIDC credentials for gateway %q are missing (%s): log in with OpenShell's CLI ('openshell gateway login %s'); this openshell cannot log in yet", name, path, name)
-	}
 	if err != nil {
-		return "", fmt.Errorf("gateway %q: read OIDC credentials: %w", name, err)
+		if errors.Is(err, fs.ErrNotExist) {
+			return oidcTokenBundle{}, err
+		}
+		return oidcTokenBundle{}, fmt.Errorf("gateway %q: read OIDC credentials: %w", name, err)
 	}
 	var tb oidcTokenBundle
 	if err := json.Unmarshal(b, &tb); err != nil || tb.AccessToken == "" {
-		return "", fmt.Errorf("gateway %q: %s holds no access_token", name, path)
+		return oidcTokenBundle{}, fmt.Errorf("gateway %q: %s holds no access_token; log in again with 'openshell gateway login %s'", name, path, name)
 	}
-	if tb.ExpiresAt != nil && now.Unix()+30 >= *tb.ExpiresAt {
-		return "", fmt.Errorf("the OIDC access token for gateway %q expired at %s: log in again with OpenShell's CLI ('openshell gateway login %s'); this openshell cannot refresh tokens yet", name, time.Unix(*tb.ExpiresAt, 0).UTC().Format(time.RFC3339), name)
+	return tb, nil
+}
+
+// storeOIDCToken writes oidc_token.json (0600, replaced atomically) and
+// clears the fresh-login marker, as OpenShell's store_oidc_token does.
+func (r *registry) storeOIDCToken(name string, tb oidcTokenBundle) error {
+	b, err := json.MarshalIndent(tb, "", "  ")
+	if err != nil {
+		return err
 	}
-	return tb.AccessToken, nil
+	if err := os.MkdirAll(filepath.Dir(r.oidcTokenPath(name)), 0o700); err != nil {
+		return err
+	}
+	if err := atomicfile.Write(r.oidcTokenPath(name), b, 0o600); err != nil {
+		return fmt.Errorf("gateway %q: store OIDC credentials: %w", name, err)
+	}
+	return r.clearOIDCPrompt(name)
+}
+
+// removeOIDCToken deletes oidc_token.json; a missing file is no error.
+func (r *registry) removeOIDCToken(name string) error {
+	if err := os.Remove(r.oidcTokenPath(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("gateway %q: remove OIDC credentials: %w", name, err)
+	}
+	return nil
+}
+
+// oidcPromptPath is OpenShell's marker that the next browser login asks
+// the identity provider for a fresh login (written by 'gateway logout').
+func (r *registry) oidcPromptPath(name string) string {
+	return filepath.Join(r.gatewaysDir(r.userDir), name, "oidc_login_prompt_required")
+}
+
+func (r *registry) oidcPromptRequired(name string) bool { return fileExists(r.oidcPromptPath(name)) }
+
+func (r *registry) requestOIDCPrompt(name string) error {
+	if err := os.MkdirAll(filepath.Dir(r.oidcPromptPath(name)), 0o700); err != nil {
+		return err
+	}
+	return atomicfile.Write(r.oidcPromptPath(name), []byte("1\n"), 0o600)
+}
+
+func (r *registry) clearOIDCPrompt(name string) error {
+	if err := os.Remove(r.oidcPromptPath(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }

@@ -237,7 +237,6 @@ func TestOIDCGatewayUsesStoredToken(t *testing.T) {
 	token := func(tok string, expiresAt time.Time) {
 		writeFile(t, filepath.Join(dir, "oidc_token.json"), fmt.Sprintf(`{
   "access_token": %q,
-  "refresh_token": "r",
   "expires_at": %d,
   "issuer": "https://idp.example/realms/openshell",
   "client_id": "openshell-cli"
@@ -251,11 +250,13 @@ func TestOIDCGatewayUsesStoredToken(t *testing.T) {
 	// is not authenticated.
 	if r := tt.run("--gateway", "corp", "status"); r.err != nil || !strings.Contains(r.stdout, "Status:     Connected\n") ||
 		!strings.Contains(r.stdout, "Auth:       not authenticated: OIDC credentials for gateway \"corp\" are missing") ||
-		!strings.Contains(r.stdout, "hint: log in with OpenShell's CLI: 'openshell gateway login corp'") {
+		!strings.Contains(r.stdout, "hint: log in with 'openshell gateway login corp'") {
 		t.Errorf("status without a token = %q (%v)", r.stdout, r.err)
 	}
-	token("good-token", fixedNow.Add(10*time.Second)) // within OpenShell's 30 s margin
-	if r := tt.run("--gateway", "corp", "sandbox", "list"); r.err == nil || !strings.Contains(r.err.Error(), "expired at") {
+	// Within OpenShell's 30 s margin and without a refresh token.
+	token("good-token", fixedNow.Add(10*time.Second))
+	if r := tt.run("--gateway", "corp", "sandbox", "list"); r.err == nil || !strings.Contains(r.err.Error(), "expired at") ||
+		!strings.Contains(r.err.Error(), "log in again with 'openshell gateway login corp'") {
 		t.Errorf("sandbox list with an expiring token = %v", r.err)
 	}
 	if r := tt.run("--gateway", "corp", "status"); r.err != nil || !strings.Contains(r.stdout, "Auth:       not authenticated: the OIDC access token for gateway \"corp\" expired at") {
