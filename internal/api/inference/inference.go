@@ -86,14 +86,27 @@ const (
 
 func newRoute() *inferencev1.InferenceRoute { return &inferencev1.InferenceRoute{} }
 
+// routeRequest is what the route RPCs' requests share.
+type routeRequest interface {
+	GetWorkspace() string
+	GetRouteName() string
+}
+
+// target authorizes req with check (need in its workspace) and returns
+// the workspace and the stored route name.
+func (s *Service) target(ctx context.Context, req routeRequest, check func(context.Context, string, openshellv1.WorkspaceRole) error, need openshellv1.WorkspaceRole) (ws, name string, err error) {
+	ws = lifecycle.NormalizeWorkspace(req.GetWorkspace())
+	if err := check(ctx, ws, need); err != nil {
+		return "", "", err
+	}
+	name, err = domain.RouteName(req.GetRouteName())
+	return ws, name, err
+}
+
 // SetInferenceRoute creates or replaces a route after resolving it
 // against its provider and, unless no_verify, probing the endpoint.
 func (s *Service) SetInferenceRoute(ctx context.Context, req *inferencev1.SetInferenceRouteRequest) (*inferencev1.SetInferenceRouteResponse, error) {
-	ws := lifecycle.NormalizeWorkspace(req.GetWorkspace())
-	if err := s.o.Authz.Create(ctx, ws, roleAdmin); err != nil {
-		return nil, err
-	}
-	name, err := domain.RouteName(req.GetRouteName())
+	ws, name, err := s.target(ctx, req, s.o.Authz.Create, roleAdmin)
 	if err != nil {
 		return nil, err
 	}
@@ -170,11 +183,7 @@ func (s *Service) upsert(ctx context.Context, ws, name string, cfg *inferencev1.
 
 // GetInferenceRoute returns a route of the workspace.
 func (s *Service) GetInferenceRoute(ctx context.Context, req *inferencev1.GetInferenceRouteRequest) (*inferencev1.GetInferenceRouteResponse, error) {
-	ws := lifecycle.NormalizeWorkspace(req.GetWorkspace())
-	if err := s.o.Authz.Workspace(ctx, ws, roleUser); err != nil {
-		return nil, err
-	}
-	name, err := domain.RouteName(req.GetRouteName())
+	ws, name, err := s.target(ctx, req, s.o.Authz.Workspace, roleUser)
 	if err != nil {
 		return nil, err
 	}
@@ -211,11 +220,7 @@ func (s *Service) route(ctx context.Context, ws, name string) (*inferencev1.Infe
 // DeleteInferenceRoute removes a route of the workspace, conditioned on
 // the version read; deleted is false when there was none.
 func (s *Service) DeleteInferenceRoute(ctx context.Context, req *inferencev1.DeleteInferenceRouteRequest) (*inferencev1.DeleteInferenceRouteResponse, error) {
-	ws := lifecycle.NormalizeWorkspace(req.GetWorkspace())
-	if err := s.o.Authz.Workspace(ctx, ws, roleAdmin); err != nil {
-		return nil, err
-	}
-	name, err := domain.RouteName(req.GetRouteName())
+	ws, name, err := s.target(ctx, req, s.o.Authz.Workspace, roleAdmin)
 	if err != nil {
 		return nil, err
 	}
