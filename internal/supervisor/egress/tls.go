@@ -199,8 +199,8 @@ func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, poole
 		ev := connEv
 		u, status := p.dialUp(decisions, host, port, &ev)
 		if u != nil && isTLS {
-			u, err = p.upstreamTLS(u, host, port)
-			if err != nil {
+			var err error
+			if u, err = p.upstreamTLS(u, host, port); err != nil {
 				ev.Decision, ev.Reason, status = "deny", err.Error(), http.StatusBadGateway
 			}
 		}
@@ -217,25 +217,10 @@ func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, poole
 			p.emit(&ev)
 			return
 		}
-		tc := tls.Server(client, &tls.Config{
-			MinVersion: tls.VersionTLS12,
-			NextProtos: []string{"http/1.1"}, // never h2: requests are read as HTTP/1.1
-			GetCertificate: func(hi *tls.ClientHelloInfo) (*tls.Certificate, error) {
-				name := hi.ServerName
-				if name == "" {
-					name = host
-				}
-				if !strings.EqualFold(strings.TrimSuffix(name, "."), host) {
-					return nil, fmt.Errorf("tls server name %q is not the CONNECT host %q", name, host)
-				}
-				return p.cfg.CA.leaf(host)
-			},
-		})
-		_ = c.SetDeadline(time.Now().Add(headerTimeout))
-		if err := tc.Handshake(); err != nil {
+		tc, err := p.terminate(c, client, host)
+		if err != nil {
 			return // the agent does not trust the sandbox CA, or named another host
 		}
-		_ = c.SetDeadline(time.Time{})
 		defer func() { _ = tc.Close() }()
 		client, isTLS = tc, true
 		switch {
@@ -318,6 +303,32 @@ func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, poole
 			return
 		}
 	}
+}
+
+// terminate takes the agent's TLS handshake on client (c is the
+// connection under it, for deadlines) with a leaf of the sandbox CA for
+// host, HTTP/1.1 only; the SNI must name host.
+func (p *Proxy) terminate(c, client net.Conn, host string) (*tls.Conn, error) {
+	tc := tls.Server(client, &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"http/1.1"}, // never h2: requests are read as HTTP/1.1
+		GetCertificate: func(hi *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			name := hi.ServerName
+			if name == "" {
+				name = host
+			}
+			if !strings.EqualFold(strings.TrimSuffix(name, "."), host) {
+				return nil, fmt.Errorf("tls server name %q is not the CONNECT host %q", name, host)
+			}
+			return p.cfg.CA.leaf(host)
+		},
+	})
+	_ = c.SetDeadline(time.Now().Add(headerTimeout))
+	if err := tc.Handshake(); err != nil {
+		return nil, err
+	}
+	_ = c.SetDeadline(time.Time{})
+	return tc, nil
 }
 
 // upstreamTLS opens TLS over the TCP connection of u to host, verified
