@@ -317,6 +317,13 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 		logger.Warn("recover sandboxes", "err", err)
 	}
 	go func() { engineDone <- engine.Run(engineCtx) }()
+	// Refreshed provider credentials are minted again before they expire.
+	refreshCtx, stopRefresh := context.WithCancel(context.WithoutCancel(ctx))
+	refreshDone := make(chan struct{})
+	go func() {
+		defer close(refreshDone)
+		provs.RunRefresher(refreshCtx, logger.With("component", "providers/refresh"), providerRefreshInterval)
+	}()
 	ready.Do(func() { close(readyCh) })
 
 	logger.Info("openshell-gateway serving", "addr", ln.Addr().String(), "tls", cfg.TLS.Enabled, "driver", driverName,
@@ -335,7 +342,10 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	<-sessionsClosed
 
 	// Shutdown in reverse start order: API drained (Serve returned),
-	// then the engine, then the sandboxes the gateway manages.
+	// then the credential refresher, the engine, and the sandboxes the
+	// gateway manages.
+	stopRefresh()
+	<-refreshDone
 	stopEngine()
 	<-engineDone //nolint:errcheck // joined only: Run returns nil once its context ends
 	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -346,6 +356,10 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	}
 	return nil
 }
+
+// providerRefreshInterval is how often the gateway looks for provider
+// credentials due for a refresh.
+const providerRefreshInterval = 30 * time.Second
 
 func gatewayHostPort(cfg *config.Config) (string, uint32) {
 	host := cfg.BindAddress
@@ -608,6 +622,6 @@ func rewrapCredentials(ctx context.Context, cfg *config.Config, logger *slog.Log
 	if err != nil {
 		return fmt.Errorf("re-wrap provider credentials under the current key-encryption key: %w", err)
 	}
-	logger.Info("provider credentials re-wrapped under the current key-encryption key", "providers", n)
+	logger.Info("provider credentials re-wrapped under the current key-encryption key", "objects", n)
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/http"
 	"net/url"
@@ -410,10 +411,14 @@ func (s *Store) RotateCredential(ctx context.Context, workspace, name, key strin
 	now := s.o.Now()
 	next := proto.Clone(st).(*openshellv1.StoredProviderCredentialRefreshState)
 	if mintErr != nil {
+		// The background refresher retries; a success restores a value.
 		next.Status, next.LastError = RefreshError, mintErr.Error()
-		next.NextRefreshAtMs = 0
+		next.NextRefreshAtMs = now.Add(refreshRetry).UnixMilli()
 	} else {
 		expires := tok.Expiry
+		if tok.ExpiresIn > 0 { // on the store's clock
+			expires = now.Add(time.Duration(tok.ExpiresIn) * time.Second)
+		}
 		lifetime := time.Duration(st.GetMaxLifetimeSeconds()) * time.Second
 		if lifetime <= 0 {
 			lifetime = defaultLifetime
@@ -533,4 +538,129 @@ func (s *Store) mint(ctx context.Context, st *openshellv1.StoredProviderCredenti
 		return nil, errors.New("token endpoint returned empty access_token")
 	}
 	return tok, nil
+}
+
+// rewrapRefreshMaterial moves the sealed refresh material of every
+// refresh state to the keyring's current KEK (one CAS write per state,
+// retried on a concurrent change). It returns how many states it rewrote.
+func (s *Store) rewrapRefreshMaterial(ctx context.Context) (int, error) {
+	sts, err := s.allRefreshStates(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, st := range sts {
+		id := st.GetMetadata().GetId()
+		for attempt := 0; ; attempt++ {
+			changed := false
+			_, _, err := store.UpdateCASAs(ctx, s.o.Objects, TypeProviderRefresh, id, 0, newRefreshState, func(st *openshellv1.StoredProviderCredentialRefreshState) error {
+				changed = false
+				for k, h := range st.GetSecretMaterialHandles() {
+					sealed := credentials.Sealed{KEKID: h.GetMetadata()[credentials.MetaKEKID], WrappedKey: h.GetMetadata()[credentials.MetaWrappedKey], Ciphertext: h.GetHandle()}
+					r, ok, err := s.o.Keyring.Rewrap(sealed, materialAAD(id, k))
+					if err != nil {
+						return fmt.Errorf("refresh of credential '%s' of provider '%s', material %q: %w", st.GetCredentialKey(), st.GetProviderName(), k, err)
+					}
+					if ok {
+						h.Metadata[credentials.MetaKEKID], h.Metadata[credentials.MetaWrappedKey] = r.KEKID, r.WrappedKey
+						changed = true
+					}
+				}
+				if !changed {
+					return errUnchanged
+				}
+				return nil
+			})
+			var ce *store.ConflictError
+			switch {
+			case errors.Is(err, errUnchanged), errors.As(err, &ce) && ce.Gone, errors.Is(err, errdefs.ErrNotFound):
+			case errors.As(err, &ce) && attempt < 3:
+				continue
+			case err != nil:
+				return n, err
+			default:
+				n++
+			}
+			break
+		}
+	}
+	return n, nil
+}
+
+// allRefreshStates lists the refresh states of every workspace.
+func (s *Store) allRefreshStates(ctx context.Context) ([]*openshellv1.StoredProviderCredentialRefreshState, error) {
+	var out []*openshellv1.StoredProviderCredentialRefreshState
+	for offset := 0; ; {
+		page, err := store.ListAs(ctx, s.o.Objects, TypeProviderRefresh, store.ListOptions{AllWorkspaces: true, Limit: store.MaxLimit, Offset: offset}, newRefreshState)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, page...)
+		if len(page) < store.MaxLimit {
+			return out, nil
+		}
+		offset += len(page)
+	}
+}
+
+// refreshClaim is how long a gateway replica holds a due refresh it is
+// minting: other replicas see next_refresh_at_ms moved by this much and
+// leave it alone.
+const refreshClaim = 2 * time.Minute
+
+// refreshRetry is when a failed refresh is tried again.
+const refreshRetry = time.Minute
+
+// RefreshDue mints every refreshed credential whose next_refresh_at_ms
+// has come (credentials never minted yet wait for a first
+// RotateProviderCredential). Each due refresh is first claimed with a
+// conditional write, so that of several gateway replicas one mints it (a
+// token endpoint that rotates refresh tokens sees one use). It returns
+// how many it minted; failures are recorded in the refresh states (and
+// revoke the value) and logged.
+func (s *Store) RefreshDue(ctx context.Context, log *slog.Logger) (int, error) {
+	if s.o.Keyring == nil {
+		return 0, nil
+	}
+	sts, err := s.allRefreshStates(ctx)
+	if err != nil {
+		return 0, err
+	}
+	now := s.o.Now()
+	n := 0
+	for _, st := range sts {
+		if st.GetNextRefreshAtMs() <= 0 || st.GetNextRefreshAtMs() > now.UnixMilli() || st.GetStatus() == RefreshConfigured {
+			continue
+		}
+		claimed := proto.Clone(st).(*openshellv1.StoredProviderCredentialRefreshState)
+		claimed.NextRefreshAtMs = now.Add(refreshClaim).UnixMilli()
+		if _, err := s.o.Objects.Update(ctx, TypeProviderRefresh, claimed, st.GetMetadata().GetResourceVersion()); err != nil {
+			continue // another replica claimed it, or it changed: the next pass sees it
+		}
+		ws, name, key := st.GetMetadata().GetWorkspace(), st.GetProviderName(), st.GetCredentialKey()
+		if _, err := s.RotateCredential(ctx, ws, name, key); err != nil {
+			log.Warn("provider credential refresh failed", "workspace", ws, "provider", name, "credential_key", key, "err", err)
+			continue
+		}
+		n++
+	}
+	return n, nil
+}
+
+// RunRefresher calls RefreshDue every interval until ctx ends.
+func (s *Store) RunRefresher(ctx context.Context, log *slog.Logger, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if n, err := s.RefreshDue(ctx, log); err != nil && ctx.Err() == nil {
+			log.Warn("provider credential refresh pass failed", "err", err)
+		} else if n > 0 {
+			log.Info("provider credentials refreshed", "credentials", n)
+		}
+	}
 }

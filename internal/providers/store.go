@@ -360,7 +360,8 @@ func (s *Store) Exists(ctx context.Context, workspace, name string) error {
 // a previous KEK to the keyring's current one (see
 // credentials.Keyring.WithPrevious); values and ciphertexts are unchanged,
 // so it runs while the gateway serves. Each provider is one CAS write,
-// retried on a concurrent change. It returns how many providers it
+// retried on a concurrent change; so is each refresh state, whose sealed
+// material is rewrapped the same way. It returns how many objects it
 // rewrote. A value under a KEK the keyring does not hold is an error
 // naming the provider and key.
 func (s *Store) RewrapAll(ctx context.Context) (int, error) {
@@ -383,10 +384,12 @@ func (s *Store) RewrapAll(ctx context.Context) (int, error) {
 			}
 		}
 		if len(page) < store.MaxLimit {
-			return n, nil
+			break
 		}
 		offset += len(page)
 	}
+	m, err := s.rewrapRefreshMaterial(ctx)
+	return n + m, err
 }
 
 func (s *Store) rewrapOne(ctx context.Context, id string) (bool, error) {

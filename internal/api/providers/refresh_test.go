@@ -3,6 +3,7 @@ package providers_test
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -18,6 +19,8 @@ import (
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/api/apitest"
+	"github.com/openshell-go/openshell/internal/api/providers"
+	"github.com/openshell-go/openshell/internal/credentials"
 	domain "github.com/openshell-go/openshell/internal/providers"
 	"github.com/openshell-go/openshell/internal/store"
 )
@@ -268,4 +271,83 @@ func TestRefreshAuthorization(t *testing.T) {
 
 func storeAll() store.ListOptions {
 	return store.ListOptions{AllWorkspaces: true, Limit: store.MaxLimit}
+}
+
+// TestRefreshDue: the background refresher mints a refreshed credential
+// once its next_refresh_at_ms has come and leaves others alone; a failed
+// mint revokes the value and is retried a minute later, and the retry
+// restores a value.
+func TestRefreshDue(t *testing.T) {
+	env := apitest.NewEnv(t)
+	kr, err := credentials.LoadOrCreateKEK(t.TempDir() + "/kek")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	provs := domain.NewStore(domain.Options{Objects: env.Store, Keyring: kr, Now: clock})
+	svc := providers.New(providers.Options{Engine: env.Engine, Authz: env.Authz(false), Providers: provs})
+	ctx := t.Context()
+	log := slog.New(slog.DiscardHandler)
+	ts := newTokenServer(t)
+	if r, err := svc.ImportProviderProfiles(ctx, &openshellv1.ImportProviderProfilesRequest{Workspace: "default",
+		Profiles: []*openshellv1.ProviderProfileImportItem{oauthProfile(ts.url)}}); err != nil || !r.GetImported() {
+		t.Fatalf("import: %v, %v", r, err)
+	}
+	if _, err := svc.CreateProvider(ctx, &openshellv1.CreateProviderRequest{Provider: &datamodelv1.Provider{
+		Metadata: &datamodelv1.ObjectMeta{Name: "svc"}, Type: "oauthsvc", Credentials: map[string]string{"SVC_TOKEN": "initial"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.ConfigureProviderRefresh(ctx, &openshellv1.ConfigureProviderRefreshRequest{Provider: "svc", CredentialKey: "SVC_TOKEN",
+		Strategy: refreshTokenGrant, Material: map[string]string{"client_id": "cid", "client_secret": "csecret", "refresh_token": "rt-0", "refresh_before_seconds": "60"}}); err != nil {
+		t.Fatal(err)
+	}
+	value := func() string {
+		p, err := provs.Get(ctx, "default", "svc")
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _ := provs.Resolve(p, "SVC_TOKEN")
+		return v
+	}
+	due := func() int {
+		t.Helper()
+		n, err := provs.RefreshDue(ctx, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := due(); n != 0 || value() != "initial" {
+		t.Fatalf("a configured, never minted refresh was minted by the refresher (%d)", n)
+	}
+	if _, err := svc.RotateProviderCredential(ctx, &openshellv1.RotateProviderCredentialRequest{Provider: "svc", CredentialKey: "SVC_TOKEN"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := due(); n != 0 || value() != "at-1" {
+		t.Fatalf("a fresh credential was minted again (%d, %q)", n, value())
+	}
+	advance(9*time.Minute + time.Second) // 60 s before the 10 min expiry
+	if n := due(); n != 1 || value() != "at-2" {
+		t.Fatalf("due refresh: minted %d, value %q; want at-2", n, value())
+	}
+	advance(10 * time.Minute)
+	ts.mu.Lock()
+	ts.fail = true
+	ts.mu.Unlock()
+	if n := due(); n != 0 || value() != "" {
+		t.Fatalf("failed refresh: minted %d, value %q; want it revoked", n, value())
+	}
+	ts.mu.Lock()
+	ts.fail = false
+	ts.mu.Unlock()
+	if n := due(); n != 0 {
+		t.Fatalf("the failed refresh was retried at once (%d)", n)
+	}
+	advance(time.Minute + time.Second)
+	if n := due(); n != 1 || value() != "at-3" {
+		t.Fatalf("retry: minted %d, value %q; want at-3", n, value())
+	}
 }
