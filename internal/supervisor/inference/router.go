@@ -219,7 +219,7 @@ func (r *Router) forward(c net.Conn, req *http.Request, route *inferencev1.Resol
 	}
 	defer resp.Body.Close()
 	d.status = resp.StatusCode
-	return relay(c, resp, timer, timeout, &timedOut, d)
+	return relay(c, resp, req.ProtoAtLeast(1, 1), timer, timeout, &timedOut, d)
 }
 
 // upstreamError describes a failed upstream call without the URL's
@@ -244,10 +244,13 @@ var hopByHop = map[string]bool{
 
 // relay writes resp to the agent: headers, then each body chunk as it
 // arrives (chunked framing, or the upstream's Content-Length when known).
-func relay(c net.Conn, resp *http.Response, timer *time.Timer, timeout time.Duration, timedOut *atomic.Bool, d *decision) bool {
+// An HTTP/1.0 agent gets an unknown length as a body ending with the
+// connection (it cannot read chunked framing).
+func relay(c net.Conn, resp *http.Response, http11 bool, timer *time.Timer, timeout time.Duration, timedOut *atomic.Bool, d *decision) bool {
 	// Writes to bw fail sticky; every Flush reports them.
 	bw := bufio.NewWriterSize(c, 4096)
-	chunked := resp.ContentLength < 0
+	chunked := resp.ContentLength < 0 && http11
+	closeDelimited := resp.ContentLength < 0 && !http11
 	_, _ = fmt.Fprintf(bw, "HTTP/1.1 %d %s\r\n", resp.StatusCode, statusText(resp.StatusCode))
 	for k, vs := range resp.Header {
 		if hopByHop[k] {
@@ -257,9 +260,12 @@ func relay(c net.Conn, resp *http.Response, timer *time.Timer, timeout time.Dura
 			_, _ = fmt.Fprintf(bw, "%s: %s\r\n", k, v)
 		}
 	}
-	if chunked {
+	switch {
+	case chunked:
 		_, _ = bw.WriteString("Transfer-Encoding: chunked\r\n")
-	} else {
+	case closeDelimited:
+		_, _ = bw.WriteString("Connection: close\r\n")
+	default:
 		_, _ = fmt.Fprintf(bw, "Content-Length: %d\r\n", resp.ContentLength)
 	}
 	_, _ = bw.WriteString("\r\n")
@@ -301,7 +307,7 @@ func relay(c net.Conn, resp *http.Response, timer *time.Timer, timeout time.Dura
 		if bw.Flush() != nil {
 			return false
 		}
-	} else if sent != resp.ContentLength {
+	} else if closeDelimited || sent != resp.ContentLength {
 		return false
 	}
 	return true

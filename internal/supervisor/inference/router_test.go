@@ -280,3 +280,30 @@ func TestRedirectNotFollowed(t *testing.T) {
 	default:
 	}
 }
+
+// TestHTTP10Agent: an HTTP/1.0 agent gets a streamed answer of unknown
+// length without chunked framing, ended by the connection's close.
+func TestHTTP10Agent(t *testing.T) {
+	srv, _ := fakeUpstream(t, func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "data: one\n\n")
+		w.(http.Flusher).Flush()
+		_, _ = io.WriteString(w, "data: two\n\n")
+	})
+	r := New(Options{})
+	r.Set(bundleOf(&inferencev1.ResolvedRoute{Name: "inference.local", BaseUrl: srv.URL, Protocols: []string{"openai_chat_completions"}, ApiKey: "k", ProviderType: "openai"}))
+	proxy := serveProxy(t, r)
+	c, err := net.Dial("tcp", proxy.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "POST http://inference.local/v1/chat/completions HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}")
+	got, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, body, _ := strings.Cut(string(got), "\r\n\r\n")
+	if !strings.HasPrefix(head, "HTTP/1.1 200 OK") || strings.Contains(strings.ToLower(head), "chunked") || body != "data: one\n\ndata: two\n\n" {
+		t.Errorf("HTTP/1.0 answer = %q", got)
+	}
+}
