@@ -19,6 +19,7 @@ import (
 
 	_ "github.com/openshell-go/openshell/api/openshell/compute/v1"
 	_ "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
+	_ "github.com/openshell-go/openshell/api/openshell/gateway_interceptor/v1"
 	_ "github.com/openshell-go/openshell/api/openshell/inference/v1"
 	optionsv1 "github.com/openshell-go/openshell/api/openshell/options/v1"
 	_ "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
@@ -40,21 +41,56 @@ var extensions = map[string]bool{
 }
 
 // factsPath prefers the shared reference checkout next to the repository
-// and falls back to the copy in testdata.
-func factsPath(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("OPENSHELL_WIRE_TSV"); p != "" {
+// and falls back to the copy in testdata. env, when set, overrides both.
+func factsPath(name, env string) string {
+	if p := os.Getenv(env); p != "" {
 		return p
 	}
-	shared := filepath.Join("..", "..", "..", "shared", "reference", "openshell-v1-wire.tsv")
+	shared := filepath.Join("..", "..", "..", "shared", "reference", name)
 	if _, err := os.Stat(shared); err == nil {
 		return shared
 	}
-	return filepath.Join("testdata", "openshell-v1-wire.tsv")
+	return filepath.Join("testdata", name)
+}
+
+// factFiles are the upstream fact files and how many RPCs each lists.
+var factFiles = []struct {
+	name, env string
+	rpcs      int
+}{
+	{"openshell-v1-wire.tsv", "OPENSHELL_WIRE_TSV", 83},
+	{"openshell-interceptor-wire.tsv", "OPENSHELL_INTERCEPTOR_WIRE_TSV", 3},
 }
 
 func TestWireCompatibility(t *testing.T) {
-	path := factsPath(t)
+	upstream := map[string]bool{}
+	for _, ff := range factFiles {
+		checkFactFile(t, factsPath(ff.name, ff.env), ff.rpcs, upstream)
+	}
+
+	// Nothing beyond upstream and our declared extensions.
+	var extra []string
+	protoregistry.GlobalFiles.RangeFiles(func(fd protoreflect.FileDescriptor) bool {
+		if !strings.HasPrefix(string(fd.Package()), "openshell.") {
+			return true
+		}
+		walkOurs(fd, func(key string) {
+			if !upstream[key] && !extensions[key] && !inExtensionMessage(key) {
+				extra = append(extra, key)
+			}
+		})
+		return true
+	})
+	sort.Strings(extra)
+	for _, e := range extra {
+		t.Errorf("not upstream and not a declared extension: %s", e)
+	}
+}
+
+// checkFactFile checks every fact of one file against our descriptors and
+// adds each fact's key to upstream.
+func checkFactFile(t *testing.T, path string, wantRPCs int, upstream map[string]bool) {
+	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		if os.Getenv("CI") == "true" {
@@ -65,7 +101,6 @@ func TestWireCompatibility(t *testing.T) {
 	defer f.Close()
 
 	var counts = map[string][2]int{} // kind -> {matched, total}
-	upstream := map[string]bool{}
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	line := 0
@@ -91,33 +126,16 @@ func TestWireCompatibility(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Nothing beyond upstream and our declared extensions.
-	var extra []string
-	protoregistry.GlobalFiles.RangeFiles(func(fd protoreflect.FileDescriptor) bool {
-		if !strings.HasPrefix(string(fd.Package()), "openshell.") {
-			return true
-		}
-		walkOurs(fd, func(key string) {
-			if !upstream[key] && !extensions[key] && !inExtensionMessage(key) {
-				extra = append(extra, key)
-			}
-		})
-		return true
-	})
-	sort.Strings(extra)
-	for _, e := range extra {
-		t.Errorf("not upstream and not a declared extension: %s", e)
-	}
-
-	t.Logf("wire: %d/%d messages, %d/%d fields, %d/%d enum values, %d/%d reserved, %d/%d rpcs match",
+	base := filepath.Base(path)
+	t.Logf("%s: %d/%d messages, %d/%d fields, %d/%d enum values, %d/%d reserved, %d/%d rpcs match", base,
 		counts["message"][0], counts["message"][1], counts["field"][0], counts["field"][1],
 		counts["enum"][0], counts["enum"][1],
 		counts["reserved"][0]+counts["reserved_name"][0], counts["reserved"][1]+counts["reserved_name"][1],
 		counts["rpc"][0], counts["rpc"][1])
-	fmt.Printf("wire: %d/%d messages, %d/%d fields, %d/%d rpcs match\n",
+	fmt.Printf("%s: %d/%d messages, %d/%d fields, %d/%d rpcs match\n", base,
 		counts["message"][0], counts["message"][1], counts["field"][0], counts["field"][1], counts["rpc"][0], counts["rpc"][1])
-	if counts["rpc"][1] != 83 {
-		t.Errorf("facts list %d rpcs, want 83", counts["rpc"][1])
+	if counts["rpc"][1] != wantRPCs {
+		t.Errorf("%s lists %d rpcs, want %d", base, counts["rpc"][1], wantRPCs)
 	}
 }
 
