@@ -344,7 +344,9 @@ func (s *Store) RefreshStatuses(ctx context.Context, workspace, name, key string
 }
 
 // DeleteRefresh removes the refresh of credential key of provider name;
-// the credential's current value stays. A missing one is (false, nil).
+// the credential's current value stays, and its expiry too unless it came
+// from the refresh (as OpenShell: a manually set expiry is kept). A
+// missing one is (false, nil).
 func (s *Store) DeleteRefresh(ctx context.Context, workspace, name, key string) (bool, error) {
 	name, key = strings.TrimSpace(name), strings.TrimSpace(key)
 	switch {
@@ -364,7 +366,21 @@ func (s *Store) DeleteRefresh(ctx context.Context, workspace, name, key string) 
 	if err != nil {
 		return false, err
 	}
-	return s.deleteAt(ctx, TypeProviderRefresh, st.GetMetadata(), "provider refresh")
+	ok, err := s.deleteAt(ctx, TypeProviderRefresh, st.GetMetadata(), "provider refresh")
+	if !ok || err != nil || st.GetExpiresAtMs() <= 0 {
+		return ok, err
+	}
+	_, _, err = store.UpdateCASAs(ctx, s.o.Objects, store.TypeProvider, p.GetMetadata().GetId(), 0, newProvider, func(p *datamodelv1.Provider) error {
+		if p.GetCredentialExpiresAtMs()[key] != st.GetExpiresAtMs() {
+			return errUnchanged
+		}
+		delete(p.CredentialExpiresAtMs, key)
+		return nil
+	})
+	if errors.Is(err, errUnchanged) {
+		err = nil
+	}
+	return true, err
 }
 
 // deleteRefreshStates removes every refresh state of a deleted provider.

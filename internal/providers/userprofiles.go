@@ -178,7 +178,8 @@ func HasErrors(diags []*openshellv1.ProviderProfileDiagnostic) bool {
 	return slices.ContainsFunc(diags, func(d *openshellv1.ProviderProfileDiagnostic) bool { return d.GetSeverity() == "error" })
 }
 
-var profileIDRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+// profileIDRe is OpenShell's custom profile id: lowercase kebab-case.
+var profileIDRe = regexp.MustCompile(`^[a-z0-9]+(-[a-z0-9]+)*$`)
 
 // checkProfiles validates the profiles of items on their own and as a
 // set; it returns them (ids normalized) with the diagnostics.
@@ -197,8 +198,8 @@ func checkProfiles(items []*openshellv1.ProviderProfileImportItem) ([]*openshell
 		p.Id = NormalizeProfileID(p.GetId())
 		id := p.GetId()
 		switch {
-		case !profileIDRe.MatchString(id):
-			diags = append(diags, diag(src, id, "id", "error", "provider profile id must be 1-64 characters of a-z, 0-9, '.', '_' or '-', starting with a letter or digit"))
+		case len(id) > 64 || !profileIDRe.MatchString(id):
+			diags = append(diags, diag(src, id, "id", "error", "provider profile id must be lowercase kebab-case (a-z, 0-9 and single '-' between them), at most 64 characters"))
 		case seen[id]:
 			diags = append(diags, diag(src, id, "id", "error", "duplicate provider profile id: %s", id))
 		}

@@ -213,6 +213,19 @@ func TestRefresh(t *testing.T) {
 		}
 		return d.GetDeleted()
 	}
+	// The refresh-owned expiry goes with the refresh.
+	ts.mu.Lock()
+	ts.fail = false
+	ts.mu.Unlock()
+	if _, err := rotate("cc"); err != nil {
+		t.Fatal(err)
+	}
+	if !del("cc") {
+		t.Fatal("DeleteProviderRefresh(cc) deleted nothing")
+	}
+	if _, exp, _ := value("cc"); exp != 0 {
+		t.Errorf("expiry %d left after deleting the refresh that set it", exp)
+	}
 	if !del("svc") || del("svc") {
 		t.Error("DeleteProviderRefresh did not delete exactly once")
 	}
