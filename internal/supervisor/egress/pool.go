@@ -74,6 +74,33 @@ func (p *upPool) take(host string, port uint32, admit func(*upConn) bool, drop f
 	}
 }
 
+// sweep hands the connections idle longer than idleTimeout to drop.
+func (p *upPool) sweep(drop func(*upConn)) {
+	var old []*upConn
+	p.mu.Lock()
+	now := p.clock()
+	for k, list := range p.idle {
+		kept := list[:0]
+		for _, u := range list {
+			if now.Sub(u.idleSince) > idleTimeout {
+				old = append(old, u)
+			} else {
+				kept = append(kept, u)
+			}
+		}
+		p.n -= len(list) - len(kept)
+		if len(kept) == 0 {
+			delete(p.idle, k)
+		} else {
+			p.idle[k] = kept
+		}
+	}
+	p.mu.Unlock()
+	for _, u := range old {
+		drop(u)
+	}
+}
+
 // drain empties the pool, handing every connection to drop.
 func (p *upPool) drain(drop func(*upConn)) {
 	p.mu.Lock()

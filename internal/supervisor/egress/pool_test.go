@@ -167,10 +167,22 @@ func TestUpPoolBoundsAndExpiry(t *testing.T) {
 	if kept != maxIdlePerDest {
 		t.Errorf("put kept %d connections for one destination, want %d", kept, maxIdlePerDest)
 	}
+	// A sweep drops what idled too long, keeps the rest.
+	now = now.Add(idleTimeout / 2)
+	u := p.take("h", 80, func(*upConn) bool { return true }, func(*upConn) { t.Error("a fresh connection was dropped") })
+	if u == nil || !p.put(u) { // idle since now: younger than the others
+		t.Fatalf("take = %v, or put refused it", u)
+	}
+	now = now.Add(idleTimeout/2 + time.Second)
+	swept := 0
+	p.sweep(func(*upConn) { swept++ })
+	if swept != maxIdlePerDest-1 || p.n != 1 {
+		t.Errorf("sweep dropped %d, kept %d; want %d dropped and the younger one kept", swept, p.n, maxIdlePerDest-1)
+	}
 	now = now.Add(idleTimeout + time.Second)
 	dropped := 0
-	if u := p.take("h", 80, func(*upConn) bool { return true }, func(*upConn) { dropped++ }); u != nil || dropped != maxIdlePerDest {
-		t.Errorf("take after the idle timeout = %v, dropped %d; want nil and %d dropped", u, dropped, maxIdlePerDest)
+	if u := p.take("h", 80, func(*upConn) bool { return true }, func(*upConn) { dropped++ }); u != nil || dropped != 1 {
+		t.Errorf("take after the idle timeout = %v, dropped %d; want nil and 1 dropped", u, dropped)
 	}
 }
 

@@ -131,6 +131,23 @@ func (p *Proxy) Serve(ln net.Listener) error {
 	defer p.pool.drain(p.discard)
 	defer p.wg.Wait()
 	defer p.closeAll()
+	// Idle upstream connections past idleTimeout are closed even when no
+	// request comes to take them.
+	stop := make(chan struct{})
+	defer close(stop)
+	p.wg.Go(func() {
+		t := time.NewTicker(idleTimeout / 2)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				p.pool.sweep(p.discard)
+				p.tlsPool.sweep(p.discard)
+			}
+		}
+	})
 	var delay time.Duration
 	for {
 		c, err := ln.Accept()
