@@ -16,6 +16,7 @@ import (
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/compute/computetest"
 	"github.com/openshell-go/openshell/internal/compute/docker"
+	"github.com/openshell-go/openshell/internal/compute/docker/dockertest"
 	"github.com/openshell-go/openshell/internal/errdefs"
 )
 
@@ -106,7 +107,7 @@ func TestPullNeverRefusesAbsentImage(t *testing.T) {
 	if err := d.ValidateCreate(t.Context(), sb); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("ValidateCreate(no image, no default_image) = %v, want InvalidArgument", err)
 	}
-	d2 := e.open(t, map[string]any{"image_pull_policy": "Never", "default_image": "openshell-test/busybox:1"})
+	d2 := e.open(t, map[string]any{"image_pull_policy": "Never", "default_image": dockertest.BusyboxImage})
 	if err := d2.ValidateCreate(t.Context(), sb); err != nil {
 		t.Errorf("ValidateCreate(default image present) = %v, want nil", err)
 	}
