@@ -53,6 +53,8 @@ type ProcIdentifier struct {
 	// afterScan, when set, runs between the descriptor scan and the
 	// reading of the holders' executables (tests).
 	afterScan func()
+	// maxPaths overrides maxTrustedPaths (tests).
+	maxPaths int
 
 	mu     sync.Mutex
 	byPath map[string]string  // exe path -> sha256 seen first (trust on first use)
@@ -62,6 +64,16 @@ type ProcIdentifier struct {
 // maxHashCache bounds the cache of executable hashes: a sandbox writing
 // many binaries cannot grow the supervisor's memory through it.
 const maxHashCache = 4096
+
+// maxTrustedPaths bounds the first-use hashes kept by executable path.
+const maxTrustedPaths = 1 << 16
+
+func (p *ProcIdentifier) pathLimit() int {
+	if p.maxPaths > 0 {
+		return p.maxPaths
+	}
+	return maxTrustedPaths
+}
 
 type fileKey struct {
 	dev, ino   uint64
@@ -441,6 +453,11 @@ func (p *ProcIdentifier) verify(pd, pid int, path string) error {
 	p.byFile[k] = sum
 	first, seen := p.byPath[path]
 	if !seen {
+		// First-use hashes are never forgotten (that would let a changed
+		// binary pass as new): past the bound, new paths are refused.
+		if len(p.byPath) >= p.pathLimit() {
+			return fmt.Errorf("binary %s: more than %d distinct executables used in this sandbox, no more are trusted", path, p.pathLimit())
+		}
 		p.byPath[path] = sum
 		return nil
 	}

@@ -439,3 +439,42 @@ func TestSocketInodeFallsBackFromSockDiag(t *testing.T) {
 		t.Errorf("socketInode(%s) found a socket that does not exist", gone)
 	}
 }
+
+// The first-use hashes are bounded without forgetting any: past the
+// bound a new executable path is refused, known ones still pass.
+func TestTrustedPathsBounded(t *testing.T) {
+	dir := t.TempDir()
+	const ino = 4242
+	id := &ProcIdentifier{Root: dir, Self: -1, maxPaths: 2,
+		lookup: func(netip.AddrPort, netip.AddrPort) (uint64, error) { return ino, nil }}
+	bins := t.TempDir()
+	identify := func(name string) Caller {
+		t.Helper()
+		bin := filepath.Join(bins, name)
+		if _, err := os.Stat(bin); err != nil {
+			if err := os.WriteFile(bin, []byte(name), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		root := t.TempDir()
+		fakeProc(t, root, 100, 1, bin, ino)
+		id.Root = root
+		a := netip.MustParseAddrPort("127.0.0.1:5000")
+		cs, err := id.Identify(a, a)
+		if err != nil || len(cs) != 1 {
+			t.Fatalf("Identify = %+v, %v", cs, err)
+		}
+		return cs[0]
+	}
+	for _, n := range []string{"a", "b"} {
+		if c := identify(n); c.Err != nil {
+			t.Errorf("%s: %v, want trusted on first use", n, c.Err)
+		}
+	}
+	if c := identify("c"); c.Err == nil || !strings.Contains(c.Err.Error(), "more than 2 distinct executables") {
+		t.Errorf("third path: %v, want refused past the bound", c.Err)
+	}
+	if c := identify("a"); c.Err != nil {
+		t.Errorf("a known path past the bound: %v, want still trusted", c.Err)
+	}
+}
