@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -89,6 +90,53 @@ func TestPullFailureIsReported(t *testing.T) {
 	}
 	if _, err := d.Get(t.Context(), compute.Ref{ID: sb.ID}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Get after Delete = %v, want NotFound", err)
+	}
+}
+
+// TestPullAbsentImage: an image absent from the Engine is pulled (from a
+// registry on loopback), with the pull's progress as platform events, and
+// the sandbox then runs from it. The create returns before the pull ends.
+func TestPullAbsentImage(t *testing.T) {
+	e := newEnv(t)
+	d := e.open(t, nil)
+	cleanupSandboxes(t, d)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	events, _, err := d.Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := serveImage(t, "openshell/pulled", computetest.NewName())
+	sb := goodSandbox(computetest.NewID(), computetest.NewName())
+	sb.Spec.Template.Image = img
+	if err := d.Create(t.Context(), sb); err != nil {
+		t.Fatalf("Create() error = %v", err)
+	}
+	var reasons []string
+	timeout := time.After(60 * time.Second)
+	for ready := false; !ready; {
+		select {
+		case ev := <-events:
+			if ev.SandboxID != sb.ID {
+				continue
+			}
+			switch ev.Kind {
+			case compute.EventPlatform:
+				reasons = append(reasons, ev.Platform.Reason)
+			case compute.EventSandbox:
+				ready = computetest.IsReady(ev.Sandbox)
+			}
+		case <-timeout:
+			t.Fatalf("sandbox from pulled image %s not ready; events %v", img, reasons)
+		}
+	}
+	for _, want := range []string{"Pulling", "PullProgress", "Pulled"} {
+		if !slices.Contains(reasons, want) {
+			t.Errorf("platform events %v lack %s", reasons, want)
+		}
+	}
+	if b := readFile(t, e.cli, "openshell-"+sb.ID, "/etc/served"); string(b) != "served by the test registry\n" {
+		t.Errorf("file from the pulled image = %q", b)
 	}
 }
 
