@@ -368,6 +368,23 @@ func (a *app) oidcAccessToken(ctx context.Context, reg *registry, e gatewayEntry
 	if b.ExpiresAt == nil || a.now().Add(oidcExpiryMargin).Unix() < *b.ExpiresAt {
 		return b.AccessToken, nil
 	}
+	// One refresh at a time per gateway, across processes: an issuer that
+	// rotates refresh tokens accepts each one once. Whoever waited reads
+	// the tokens the other one stored.
+	unlock, err := reg.lockOIDCToken(e.Name)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	if b, err = reg.loadOIDCToken(e.Name); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "", fmt.Errorf("OIDC credentials for gateway %q are missing (%s): log in with 'openshell gateway login %s'", e.Name, path, e.Name)
+		}
+		return "", err
+	}
+	if b.ExpiresAt == nil || a.now().Add(oidcExpiryMargin).Unix() < *b.ExpiresAt {
+		return b.AccessToken, nil
+	}
 	expired := time.Unix(*b.ExpiresAt, 0).UTC().Format(time.RFC3339)
 	secret := a.getenv(envOIDCClientSecret)
 	if b.RefreshToken == "" && secret == "" {

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -192,5 +194,50 @@ func TestGatewayLoginCompletion(t *testing.T) {
 		if got, _, _ := strings.Cut(r.stdout, "Completion ended"); r.err != nil || got != "corp\n:4\n" {
 			t.Errorf("__complete gateway %s c = %q (%v)", verb, r.stdout, r.err)
 		}
+	}
+}
+
+// TestOIDCConcurrentRefresh: two openshell processes that find the same
+// expired token refresh it once; the second uses what the first stored.
+// The issuer rotates refresh tokens, so a second refresh with the same
+// token would be refused.
+func TestOIDCConcurrentRefresh(t *testing.T) {
+	is := newTestIssuer(t, false, true)
+	tt := newTester(t)
+	tt.setup = func(a *app) { a.now = time.Now; a.openBrowser = headlessBrowser(t) }
+	addOIDCGateway(t, tt, is.srv.URL)
+	if r := tt.run("gateway", "login"); r.err != nil {
+		t.Fatalf("login: %v\n%s", r.err, r.stderr)
+	}
+	expireBundle(t, tt, "corp")
+	var refreshes atomic.Int32
+	second := make(chan struct{})
+	is.mu.Lock()
+	is.beforeRefresh = func() {
+		if refreshes.Add(1) == 1 {
+			// Hold the first refresh until a second one arrives; with the
+			// lock none does, and the first goes on after 2 s.
+			select {
+			case <-second:
+			case <-time.After(2 * time.Second):
+			}
+			return
+		}
+		close(second)
+	}
+	is.mu.Unlock()
+	var wg sync.WaitGroup
+	results := make([]result, 2)
+	for i := range results {
+		wg.Go(func() { results[i] = tt.run("gateway", "info") })
+	}
+	wg.Wait()
+	for i, r := range results {
+		if r.err != nil || !strings.Contains(r.stdout, "OIDC access token from") {
+			t.Errorf("run %d: %q (%v)", i, r.stdout, r.err)
+		}
+	}
+	if n := refreshes.Load(); n != 1 {
+		t.Errorf("%d refresh requests, want 1", n)
 	}
 }

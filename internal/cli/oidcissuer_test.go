@@ -38,6 +38,9 @@ type testIssuer struct {
 	tokenReqs []url.Values      // form of each token request
 	revoked   []url.Values      // form of each revocation request
 	issued    []string          // every token handed out
+	// beforeRefresh, when set, runs at the start of each refresh_token
+	// grant, outside mu.
+	beforeRefresh func()
 }
 
 type issuedCode struct {
@@ -126,6 +129,12 @@ func (is *testIssuer) handleToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f := r.PostForm
+	is.mu.Lock()
+	hook := is.beforeRefresh
+	is.mu.Unlock()
+	if hook != nil && f.Get("grant_type") == "refresh_token" {
+		hook()
+	}
 	is.mu.Lock()
 	defer is.mu.Unlock()
 	is.tokenReqs = append(is.tokenReqs, f)

@@ -14,6 +14,8 @@ import (
 	"sort"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/openshell-go/openshell/internal/atomicfile"
 )
 
@@ -518,6 +520,25 @@ func (r *registry) storeOIDCToken(name string, tb oidcTokenBundle) error {
 		return fmt.Errorf("gateway %q: store OIDC credentials: %w", name, err)
 	}
 	return r.clearOIDCPrompt(name)
+}
+
+// lockOIDCToken takes an exclusive lock (flock) on the gateway's
+// oidc_token.lock, waiting for another openshell that holds it; the
+// returned function releases it.
+func (r *registry) lockOIDCToken(name string) (func(), error) {
+	path := filepath.Join(r.gatewaysDir(r.userDir), name, "oidc_token.lock")
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("gateway %q: lock OIDC credentials: %w", name, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("gateway %q: lock OIDC credentials: %w", name, err)
+	}
+	return func() { _ = f.Close() }, nil // closing releases the lock
 }
 
 // removeOIDCToken deletes oidc_token.json; a missing file is no error.
