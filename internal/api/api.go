@@ -1,6 +1,6 @@
 // Package api composes the API domain packages under internal/api into the
 // one openshellv1.OpenShellServer the gateway registers: sandboxes, exec,
-// logs, workspaces, identity, policy, providers and supervisors each
+// logs, workspaces, identity, policy, providers, supervisors and services each
 // implement their RPCs; RPCs no domain implements answer Unimplemented
 // (the server adds the gateway-level ones: Health, GetCurrentUser,
 // GetGatewayInfo). The inference domain serves the second gRPC service,
@@ -31,6 +31,7 @@ import (
 	"github.com/openshell-go/openshell/internal/api/policy"
 	"github.com/openshell-go/openshell/internal/api/providers"
 	"github.com/openshell-go/openshell/internal/api/sandboxes"
+	"github.com/openshell-go/openshell/internal/api/services"
 	"github.com/openshell-go/openshell/internal/api/supervisors"
 	"github.com/openshell-go/openshell/internal/api/workspaces"
 	"github.com/openshell-go/openshell/internal/errdefs"
@@ -66,8 +67,11 @@ type Options struct {
 	// empty AdminRole bypasses for everyone, as upstream).
 	OIDC      bool
 	AdminRole string
-	Logger    *slog.Logger
-	Now       func() time.Time
+	// ServiceURLs are the domains, scheme and port of service URLs
+	// (ExposeService and the service router).
+	ServiceURLs services.URLs
+	Logger      *slog.Logger
+	Now         func() time.Time
 }
 
 // Aliases give each embedded domain its own field name.
@@ -80,6 +84,7 @@ type (
 	policyAPI      = policy.Service
 	providersAPI   = providers.Service
 	supervisorsAPI = supervisors.Service
+	servicesAPI    = services.Service
 )
 
 // unimplemented sits one embedding level below the domains, so a domain's
@@ -100,12 +105,15 @@ type Service struct {
 	*policyAPI
 	*providersAPI
 	*supervisorsAPI
+	*servicesAPI
 	unimplemented
 
 	// Authz is the membership authorizer every domain shares.
 	Authz *authz.Authorizer
 	// Inference serves the second gRPC service, openshell.inference.v1.Inference.
 	Inference *inference.Service
+	// ServiceRouter serves sandbox service hosts over HTTP.
+	ServiceRouter *services.Router
 }
 
 var _ openshellv1.OpenShellServer = (*Service)(nil)
@@ -136,6 +144,9 @@ func New(o Options) *Service {
 		GatewayHost: o.GatewayHost, GatewayPort: o.GatewayPort, GatewayScheme: o.GatewayScheme,
 		MaxForwardsPerToken: o.MaxForwardsPerToken, MaxForwardsPerSandbox: o.MaxForwardsPerSandbox, Now: o.Now,
 	})
+	svcs := services.New(services.Options{
+		Sandboxes: o.Engine, Store: o.Store, Authz: az, Relay: o.Relay, URLs: o.ServiceURLs, Now: o.Now,
+	})
 	lg := logs.New(logs.Options{Engine: o.Engine, Logs: o.Logs, Authz: az, Now: o.Now})
 	return &Service{
 		sandboxesAPI: sandboxes.New(sandboxes.Options{
@@ -153,6 +164,8 @@ func New(o Options) *Service {
 			ProviderRules: providerRules(o.Providers)}),
 		providersAPI:   providers.New(providers.Options{Engine: o.Engine, Authz: az, Providers: o.Providers}),
 		supervisorsAPI: supervisors.New(supervisors.Options{Engine: o.Engine, Relay: o.Relay, GatewayLog: gatewayLog}),
+		servicesAPI:    svcs,
+		ServiceRouter:  services.NewRouter(svcs, o.Logger),
 		Authz:          az,
 		Inference:      inference.New(inference.Options{Store: o.Store, Providers: o.Providers, Authz: az, Logger: o.Logger, Now: o.Now}),
 	}
@@ -164,6 +177,7 @@ func New(o Options) *Service {
 func (s *Service) Close() {
 	s.logsAPI.Close()
 	s.execAPI.Close()
+	s.ServiceRouter.Close()
 }
 
 // credentialHosts tells the policy advisor which hosts a sandbox holds

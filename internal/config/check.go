@@ -72,7 +72,6 @@ var notImplemented = []struct {
 	what string
 	set  func(f *fileRoot) bool // for file-only keys
 }{
-	{key: "openshell.gateway.enable_loopback_service_http", flag: "enable-loopback-service-http", what: "serving sandbox service URLs over plain HTTP on loopback"},
 	{key: "openshell.gateway.server_sans", flag: "server-san", what: "extra server names for the gateway (generate-certs --server-san puts names in the certificate)"},
 	{key: "openshell.gateway.oidc.jwks_ttl_secs", flag: "oidc-jwks-ttl", what: "a configurable OIDC key cache lifetime"},
 	{key: "openshell.gateway.otlp", what: "OpenTelemetry trace export", set: func(f *fileRoot) bool { return f.OpenShell.Gateway.OTLP != nil }},

@@ -41,6 +41,10 @@ type Config struct {
 	// BindAddress and Port form the main listener (gRPC + HTTP on one port).
 	BindAddress string
 	Port        int
+	// LoopbackServiceHTTP: the main port also accepts plaintext HTTP for
+	// sandbox service hosts only. It defaults to on when BindAddress is a
+	// loopback address and cannot be on otherwise.
+	LoopbackServiceHTTP bool
 	// HealthAddress and MetricsAddress are host:port of the optional
 	// separate listeners, or "" when off.
 	HealthAddress  string

@@ -55,17 +55,18 @@ func TestDefaults(t *testing.T) {
 	}
 	state := filepath.Join(home, "state")
 	want := &Config{
-		BindAddress:        "127.0.0.1",
-		Port:               17670,
-		LogLevelName:       "info",
-		DatabaseURL:        "sqlite:" + filepath.Join(state, "openshell", "gateway", "openshell.db"),
-		StateDir:           filepath.Join(state, "openshell", "gateway"),
-		DriverConfigs:      map[string]map[string]any{},
-		CredentialsKEKFile: filepath.Join(state, "openshell", "gateway", "credentials.kek"),
-		TLS:                TLS{LocalDir: filepath.Join(state, "openshell", "tls")},
-		SSHSessionTTL:      24 * time.Hour,
-		DatabaseWait:       60 * time.Second,
-		SecurityEvents:     SecurityEvents{MaxSizeMB: 100, MaxFiles: 5},
+		BindAddress:         "127.0.0.1",
+		Port:                17670,
+		LoopbackServiceHTTP: true,
+		LogLevelName:        "info",
+		DatabaseURL:         "sqlite:" + filepath.Join(state, "openshell", "gateway", "openshell.db"),
+		StateDir:            filepath.Join(state, "openshell", "gateway"),
+		DriverConfigs:       map[string]map[string]any{},
+		CredentialsKEKFile:  filepath.Join(state, "openshell", "gateway", "credentials.kek"),
+		TLS:                 TLS{LocalDir: filepath.Join(state, "openshell", "tls")},
+		SSHSessionTTL:       24 * time.Hour,
+		DatabaseWait:        60 * time.Second,
+		SecurityEvents:      SecurityEvents{MaxSizeMB: 100, MaxFiles: 5},
 	}
 	if diff := cmp.Diff(want, cfg); diff != "" {
 		t.Errorf("Load() defaults mismatch (-want +got):\n%s", diff)
@@ -363,10 +364,6 @@ func TestNotImplementedRefused(t *testing.T) {
 		toml string
 		want string
 	}{
-		{name: "loopback flag", args: []string{"--enable-loopback-service-http"}, want: "--enable-loopback-service-http: serving sandbox service URLs over plain HTTP on loopback is not implemented in this gateway yet"},
-		{name: "loopback flag false", args: []string{"--enable-loopback-service-http=false"}, want: "--enable-loopback-service-http: serving sandbox service URLs"},
-		{name: "loopback env", env: map[string]string{"OPENSHELL_ENABLE_LOOPBACK_SERVICE_HTTP": "true"}, want: "OPENSHELL_ENABLE_LOOPBACK_SERVICE_HTTP: serving sandbox service URLs"},
-		{name: "loopback key", toml: "[openshell.gateway]\nenable_loopback_service_http = true\n", want: "openshell.gateway.enable_loopback_service_http: serving sandbox service URLs"},
 		{name: "server san flag", args: []string{"--server-san", "gw.example"}, want: "--server-san: extra server names for the gateway"},
 		{name: "jwks ttl key", toml: "[openshell.gateway.oidc]\njwks_ttl_secs = 60\n", want: "openshell.gateway.oidc.jwks_ttl_secs: a configurable OIDC key cache lifetime"},
 		{name: "otlp", toml: "[openshell.gateway.otlp]\nendpoint = \"http://otel:4317\"\n", want: "openshell.gateway.otlp: OpenTelemetry trace export is not implemented in this gateway yet; remove the setting"},
@@ -396,6 +393,41 @@ func TestNotImplementedRefused(t *testing.T) {
 			var ue *UsageError
 			if errors.As(err, &ue) {
 				t.Errorf("Load(%q) = usage error %v, want an invalid configuration", args, err)
+			}
+		})
+	}
+}
+
+// TestLoopbackServiceHTTP: plaintext service HTTP defaults to on for a
+// loopback bind, can be turned off, and is refused on other addresses.
+func TestLoopbackServiceHTTP(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		want    bool
+		wantErr string
+	}{
+		{name: "loopback default", args: nil, want: true},
+		{name: "loopback off", args: []string{"--enable-loopback-service-http=false"}, want: false},
+		{name: "loopback env off", env: map[string]string{"OPENSHELL_ENABLE_LOOPBACK_SERVICE_HTTP": "false"}, want: false},
+		{name: "any address default", args: []string{"--bind-address", "0.0.0.0"}, want: false},
+		{name: "any address on", args: []string{"--bind-address", "0.0.0.0", "--enable-loopback-service-http"}, wantErr: "not a loopback address"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := load(t, append([]string{"--disable-tls"}, tt.args...), tt.env)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("Load(%q) = %v, want error containing %q", tt.args, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Load(%q): %v", tt.args, err)
+			}
+			if cfg.LoopbackServiceHTTP != tt.want {
+				t.Errorf("Load(%q).LoopbackServiceHTTP = %v, want %v", tt.args, cfg.LoopbackServiceHTTP, tt.want)
 			}
 		})
 	}

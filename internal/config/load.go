@@ -279,6 +279,14 @@ func (s *settings) resolve(cfg *Config, file *fileRoot, lookupEnv LookupEnv) err
 	if err := checkRange(s.port, 1, 65535); err != nil {
 		fail("--port: %v", err)
 	}
+	loopback := net.ParseIP(s.bindAddress).IsLoopback()
+	cfg.LoopbackServiceHTTP = loopback
+	if s.source["enable-loopback-service-http"] != "" {
+		if s.loopbackHTTP && !loopback {
+			fail("--enable-loopback-service-http: the gateway is bound to %s, not a loopback address; plaintext service HTTP is only served on loopback", s.bindAddress)
+		}
+		cfg.LoopbackServiceHTTP = s.loopbackHTTP && loopback
+	}
 	aux := func(name string, port int, fileAddr string) string {
 		if err := checkRange(port, 0, 65535); err != nil {
 			fail("--%s: %v", name, err)

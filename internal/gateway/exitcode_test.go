@@ -23,7 +23,8 @@ func TestExitCodes(t *testing.T) {
 		{"negative ttl", []string{"--ssh-session-ttl-secs", "-1", "--disable-tls"}, nil, 2},
 		{"port out of range from the environment", []string{"--disable-tls"}, map[string]string{"OPENSHELL_SERVER_PORT": "0"}, 1},
 		{"conflicting flags", []string{"--disable-tls", "--tls-client-ca", "/nonexistent/ca.crt"}, nil, 1},
-		{"setting not implemented", []string{"--disable-tls", "--enable-loopback-service-http"}, nil, 1},
+		{"setting not implemented", []string{"--disable-tls", "--server-san", "gw.example"}, nil, 1},
+		{"loopback service http off loopback", []string{"--disable-tls", "--bind-address", "0.0.0.0", "--enable-loopback-service-http"}, nil, 1},
 		{"help", []string{"--help"}, nil, 0},
 	}
 	for _, tt := range tests {

@@ -240,8 +240,13 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 		return err
 	}
 	cleanups = append(cleanups, closeSecEvents)
+	svcURLs, err := serviceURLs(cfg)
+	if err != nil {
+		return err
+	}
 	sandboxes := api.New(api.Options{
-		Engine: engine, Relay: relays, Logs: sandboxLogs, Store: st, Minter: apiMinter, Providers: provs,
+		ServiceURLs: svcURLs,
+		Engine:      engine, Relay: relays, Logs: sandboxLogs, Store: st, Minter: apiMinter, Providers: provs,
 		SSHSessionTTL: cfg.SSHSessionTTL, GatewayHost: host, GatewayPort: port, GatewayScheme: scheme, Logger: logger,
 		OIDC: cfg.OIDC.Enabled(), AdminRole: cfg.OIDC.AdminRole,
 	})
@@ -264,6 +269,7 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	srvOpts := server.Options{
 		Logger: logger, Authenticator: chain, Authorizer: authz, CallbackListener: cbLn,
 		Registry: registry, SecurityEvents: secEvents,
+		Services: sandboxes.ServiceRouter, LoopbackServiceHTTP: cfg.LoopbackServiceHTTP && cfg.TLS.Enabled,
 		RateLimit: server.RateLimit{Requests: cfg.RateLimit.Requests, Window: cfg.RateLimit.Window},
 		Deps: server.Deps{
 			Logger: logger, API: sandboxes, Inference: sandboxes.Inference,

@@ -63,8 +63,10 @@ const (
 // classify reads the first bytes of raw: TLS (0x16 0x03) is terminated
 // with tlsConf, then the HTTP/2 preface tells HTTP/1.x from HTTP/2, and the
 // content-type of the first HTTP/2 request tells gRPC from plain HTTP.
-// The returned conn replays everything read.
-func classify(ctx context.Context, raw net.Conn, tlsConf *tls.Config, timeout time.Duration) (connKind, net.Conn, error) {
+// The returned conn replays everything read. When tlsConf requires client
+// certificates, plaintext is refused unless plainHTTP is set, and even then
+// plaintext gRPC is refused (the HTTP handler serves only service hosts).
+func classify(ctx context.Context, raw net.Conn, tlsConf *tls.Config, timeout time.Duration, plainHTTP bool) (connKind, net.Conn, error) {
 	if err := raw.SetDeadline(time.Now().Add(timeout)); err != nil {
 		return 0, nil, err
 	}
@@ -90,7 +92,9 @@ func classify(ctx context.Context, raw net.Conn, tlsConf *tls.Config, timeout ti
 		state = &st
 		inner = tc
 		first = make([]byte, 0, 64)
-	} else if tlsConf != nil && tlsConf.ClientAuth == tls.RequireAndVerifyClientCert {
+	}
+	plainOnlyHTTP := state == nil && tlsConf != nil && tlsConf.ClientAuth == tls.RequireAndVerifyClientCert
+	if plainOnlyHTTP && !plainHTTP {
 		return 0, nil, errors.New("plaintext client while client certificates are required")
 	}
 	// Read until the bytes diverge from the HTTP/2 preface or complete it.
@@ -108,6 +112,9 @@ func classify(ctx context.Context, raw net.Conn, tlsConf *tls.Config, timeout ti
 		return 0, nil, err
 	}
 	if isGRPC {
+		if plainOnlyHTTP {
+			return 0, nil, errors.New("plaintext gRPC client while client certificates are required")
+		}
 		return finish(raw, kindGRPC, c)
 	}
 	if !acked {

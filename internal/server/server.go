@@ -83,6 +83,14 @@ type Options struct {
 	// CallbackListener (a Unix socket for local drivers) serves only
 	// sandbox and dual RPCs; optional.
 	CallbackListener net.Listener
+	// Services serves sandbox service hosts (Host: <sandbox>--<service>.<domain>)
+	// on the main port; nil = none.
+	Services ServiceRouter
+	// LoopbackServiceHTTP accepts plaintext HTTP for service hosts only,
+	// on a TLS listener that requires client certificates (the gateway
+	// sets it only when bound to loopback). Plaintext gRPC and every
+	// other HTTP route stay refused there.
+	LoopbackServiceHTTP bool
 	// Registry receives the metrics; nil = a new registry.
 	Registry *prometheus.Registry
 	// SecurityEvents receives one security event per security-relevant
@@ -213,7 +221,7 @@ func New(opts Options) (*Server, error) {
 	s.mux.HandleFunc("GET /readyz", s.handleReadyz)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("GET /.well-known/jwks.json", s.handleJWKS)
-	s.http1 = &http.Server{Handler: s.mux, ReadHeaderTimeout: opts.SniffTimeout, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	s.http1 = &http.Server{Handler: http.HandlerFunc(s.httpRoot), ReadHeaderTimeout: opts.SniffTimeout, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug), ConnContext: withConnTLS}
 	// The default write scheduler (RFC 9218) announces
 	// NO_RFC7540_PRIORITIES=1, the value the listener's early SETTINGS
 	// frame already sent (earlySettings); keep them in step.
@@ -352,7 +360,7 @@ func (s *Server) acceptLoop(ctx context.Context, ln net.Listener) {
 }
 
 func (s *Server) handleConn(ctx context.Context, raw net.Conn) {
-	kind, c, err := classify(ctx, raw, s.tlsConf, s.opts.SniffTimeout)
+	kind, c, err := classify(ctx, raw, s.tlsConf, s.opts.SniffTimeout, s.opts.LoopbackServiceHTTP)
 	if err != nil {
 		s.log.Debug("connection refused", "remote", raw.RemoteAddr().String(), "error", err)
 		_ = raw.Close()
@@ -372,7 +380,7 @@ func (s *Server) handleConn(ctx context.Context, raw net.Conn) {
 		}
 		s.h2conns[c] = struct{}{}
 		s.mu.Unlock()
-		s.h2.ServeConn(c, &http2.ServeConnOpts{Context: ctx, Handler: s.mux, BaseConfig: s.http1}) //nolint:staticcheck // SA1019: serves one already-classified (h2c or TLS) conn; net/http has no per-conn API
+		s.h2.ServeConn(c, &http2.ServeConnOpts{Context: withConnTLS(ctx, c), Handler: s.http1.Handler, BaseConfig: s.http1}) //nolint:staticcheck // SA1019: serves one already-classified (h2c or TLS) conn; net/http has no per-conn API
 		s.mu.Lock()
 		delete(s.h2conns, c)
 		s.mu.Unlock()

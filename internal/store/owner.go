@@ -8,6 +8,7 @@ var scopeOwners = map[string]string{
 	TypeSandboxPolicy:    TypeSandbox,
 	TypeSandboxSettings:  TypeSandbox,
 	TypeDraftPolicyChunk: TypeSandbox,
+	TypeServiceEndpoint:  TypeSandbox,
 }
 
 // ScopeOwner reports the object type whose id is the scope of records of
@@ -21,7 +22,7 @@ func ScopeOwner(recordType string) (ownerType string, ok bool) {
 // ownerType, in a stable order; nil when none are.
 func OwnedRecordTypes(ownerType string) []string {
 	var out []string
-	for _, rt := range []string{TypeSandboxPolicy, TypeSandboxSettings, TypeDraftPolicyChunk} {
+	for _, rt := range []string{TypeSandboxPolicy, TypeSandboxSettings, TypeDraftPolicyChunk, TypeServiceEndpoint} {
 		if scopeOwners[rt] == ownerType {
 			out = append(out, rt)
 		}

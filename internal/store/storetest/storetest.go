@@ -844,6 +844,9 @@ func ownedRecords(t testing.TB, s store.Store, id string) {
 	if _, _, err := s.RecordHit(ctx, store.Record{Type: store.TypeDraftPolicyChunk, Scope: id, DedupKey: "api.example.com:443"}); err != nil {
 		t.Fatalf("RecordHit(%s): %v", id, err)
 	}
+	if _, _, err := s.RecordHit(ctx, store.Record{Type: store.TypeServiceEndpoint, Scope: id, DedupKey: id + "--web"}); err != nil {
+		t.Fatalf("RecordHit(service endpoint, %s): %v", id, err)
+	}
 }
 
 // countOwned counts the records of every sandbox-owned type in scope id.
@@ -861,13 +864,13 @@ func countOwned(t testing.TB, s store.Store, id string) int {
 }
 
 // testOwnedRecords: a sandbox's scoped records (policy revisions,
-// settings, draft policy chunks) go with the sandbox row, by Delete and by
+// settings, draft policy chunks, service endpoints) go with the sandbox row, by Delete and by
 // DeleteIf; records cannot be added for a sandbox that does not exist;
 // records of types without an owner stay.
 func testOwnedRecords(t *testing.T, s store.Store) {
 	ctx := t.Context()
-	if got := store.OwnedRecordTypes(store.TypeSandbox); len(got) != 3 {
-		t.Fatalf("OwnedRecordTypes(sandbox) = %v, want policy, settings and draft chunks", got)
+	if got := store.OwnedRecordTypes(store.TypeSandbox); len(got) != 4 {
+		t.Fatalf("OwnedRecordTypes(sandbox) = %v, want policy, settings, draft chunks and service endpoints", got)
 	}
 	createSandboxes(t, s, "a", "b")
 	ownedRecords(t, s, "a")
@@ -875,14 +878,14 @@ func testOwnedRecords(t *testing.T, s store.Store) {
 	if _, err := s.CreateScoped(ctx, store.Record{Type: store.TypeGatewaySettings, Scope: "a"}); err != nil {
 		t.Fatalf("CreateScoped(gateway settings): %v", err)
 	}
-	if n := countOwned(t, s, "a"); n != 4 {
-		t.Fatalf("records of a = %d, want 4 (2 policy revisions, settings, draft chunk)", n)
+	if n := countOwned(t, s, "a"); n != 5 {
+		t.Fatalf("records of a = %d, want 5 (2 policy revisions, settings, draft chunk, service endpoint)", n)
 	}
 
 	// A stale DeleteIf removes nothing.
 	WantCode(t, s.DeleteIf(ctx, store.TypeSandbox, "a", 9), codes.Aborted)
-	if n := countOwned(t, s, "a"); n != 4 {
-		t.Fatalf("records of a after a conflicting DeleteIf = %d, want 4", n)
+	if n := countOwned(t, s, "a"); n != 5 {
+		t.Fatalf("records of a after a conflicting DeleteIf = %d, want 5", n)
 	}
 	if err := s.DeleteIf(ctx, store.TypeSandbox, "a", 1); err != nil {
 		t.Fatalf("DeleteIf(a): %v", err)
@@ -890,8 +893,8 @@ func testOwnedRecords(t *testing.T, s store.Store) {
 	if n := countOwned(t, s, "a"); n != 0 {
 		t.Fatalf("records of a after DeleteIf = %d, want 0", n)
 	}
-	if n := countOwned(t, s, "b"); n != 4 {
-		t.Fatalf("records of b after deleting a = %d, want 4", n)
+	if n := countOwned(t, s, "b"); n != 5 {
+		t.Fatalf("records of b after deleting a = %d, want 5", n)
 	}
 	if recs, err := s.ListScoped(ctx, store.TypeGatewaySettings, "a", 0, 0); err != nil || len(recs) != 1 {
 		t.Fatalf("gateway settings in scope a = %d (%v), want 1: only owned types go with the sandbox", len(recs), err)

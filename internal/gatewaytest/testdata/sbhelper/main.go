@@ -2,7 +2,8 @@
 // a TCP echo on 127.0.0.1:PORT; `sbhelper spew N` writes N bytes of a
 // repeating pattern to stdout; `sbhelper udp HOST:PORT` sends one datagram
 // and prints "sent" or the error; `sbhelper get URL` fetches URL through
-// the HTTP_PROXY of its environment and prints the body.
+// the HTTP_PROXY of its environment and prints the body; `sbhelper http
+// PORT` serves a small web app on 127.0.0.1:PORT (webapp.go).
 package main
 
 import (
@@ -53,6 +54,8 @@ func main() {
 			os.Exit(1)
 		}
 		fmt.Println("sent")
+	case "http":
+		serveWebApp("127.0.0.1:" + os.Args[2])
 	case "get":
 		cl := &http.Client{Timeout: 10 * time.Second}
 		resp, err := cl.Get(os.Args[2])
