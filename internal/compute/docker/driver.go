@@ -721,20 +721,25 @@ func (d *Driver) Start(ctx context.Context, ref compute.Ref) error {
 // Delete implements compute.Driver: the container (force), its workspace
 // volume and the driver's marker go.
 func (d *Driver) Delete(ctx context.Context, ref compute.Ref) (bool, error) {
-	deleted := d.dropPending(ref)
-	c, err := d.find(ctx, ref)
+	id, deleted := d.dropPending(ref)
+	if ref.ID != "" {
+		id = ref.ID
+	}
+	if id == "" {
+		c, err := d.find(ctx, ref)
+		if err != nil || c == nil {
+			return deleted, err
+		}
+		id = c.Labels[LabelSandboxID]
+	}
+	// Under the op lock a create of this sandbox (after its pull) has
+	// either finished, and its container is found below, or not begun.
+	unlock := d.op(id)
+	defer unlock()
+	c, err := d.find(ctx, compute.Ref{ID: id})
 	if err != nil {
 		return deleted, err
 	}
-	id := ref.ID
-	if c != nil {
-		id = c.Labels[LabelSandboxID]
-	}
-	if id == "" {
-		return deleted, nil
-	}
-	unlock := d.op(id)
-	defer unlock()
 	if c != nil {
 		err := d.cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
 		switch {

@@ -180,9 +180,9 @@ func (d *Driver) pendingList() []compute.Sandbox {
 	return out
 }
 
-// dropPending cancels the pull of ref's sandbox; it reports whether there
-// was one.
-func (d *Driver) dropPending(ref compute.Ref) bool {
+// dropPending cancels the pull of ref's sandbox; it returns the
+// sandbox's id and whether there was one.
+func (d *Driver) dropPending(ref compute.Ref) (string, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for id, p := range d.pending {
@@ -190,8 +190,8 @@ func (d *Driver) dropPending(ref compute.Ref) bool {
 			p.cancel()
 			delete(d.pending, id)
 			d.emitLocked(compute.Event{Kind: compute.EventDeleted, SandboxID: id})
-			return true
+			return id, true
 		}
 	}
-	return false
+	return "", false
 }

@@ -106,7 +106,7 @@ func TestPullAbsentImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	img := serveImage(t, "openshell/pulled", computetest.NewName())
+	img := serveImage(t, "openshell/pulled", computetest.NewName(), nil)
 	sb := goodSandbox(computetest.NewID(), computetest.NewName())
 	sb.Spec.Template.Image = img
 	if err := d.Create(t.Context(), sb); err != nil {
@@ -137,6 +137,41 @@ func TestPullAbsentImage(t *testing.T) {
 	}
 	if b := readFile(t, e.cli, "openshell-"+sb.ID, "/etc/served"); string(b) != "served by the test registry\n" {
 		t.Errorf("file from the pulled image = %q", b)
+	}
+}
+
+// TestDeleteDuringPull: a sandbox deleted while its image is being pulled
+// is gone at once, and nothing of it appears once the pull would have
+// ended.
+func TestDeleteDuringPull(t *testing.T) {
+	e := newEnv(t)
+	d := e.open(t, nil)
+	hold := make(chan struct{})
+	img := serveImage(t, "openshell/held", computetest.NewName(), hold)
+	sb := goodSandbox(computetest.NewID(), computetest.NewName())
+	sb.Spec.Template.Image = img
+	if err := d.Create(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := d.Get(t.Context(), compute.Ref{ID: sb.ID}); err != nil {
+		t.Fatalf("Get(pulling) error = %v", err)
+	} else if c, _ := computetest.Cond(got, compute.ConditionReady); c.Reason != "Pulling" {
+		t.Errorf("Ready condition while pulling = %+v, want Pulling", c)
+	}
+	deleted, err := d.Delete(t.Context(), compute.Ref{Name: sb.Name})
+	if err != nil || !deleted {
+		t.Fatalf("Delete(pulling) = %v, %v, want true", deleted, err)
+	}
+	if _, err := d.Get(t.Context(), compute.Ref{ID: sb.ID}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Get after Delete = %v, want NotFound", err)
+	}
+	close(hold)
+	d.Close() // joins the pull
+	if c := containersOf(t, e.cli, sb.ID); len(c) != 0 {
+		t.Errorf("containers after delete during pull: %+v", c)
+	}
+	if v := volumesOf(t, e.cli, sb.ID); len(v) != 0 {
+		t.Errorf("volumes after delete during pull: %v", v)
 	}
 }
 

@@ -17,8 +17,9 @@ import (
 
 // serveImage serves a one-layer image (a file in /etc) as name:tag from a
 // minimal registry (the Registry HTTP API v2, read-only) on loopback, which
-// the Engine pulls from without TLS, and returns its reference.
-func serveImage(t *testing.T, name, tag string) string {
+// the Engine pulls from without TLS, and returns its reference. With hold
+// non-nil, blob downloads wait until it is closed.
+func serveImage(t *testing.T, name, tag string, hold <-chan struct{}) string {
 	t.Helper()
 	var raw bytes.Buffer
 	tw := tar.NewWriter(&raw)
@@ -57,6 +58,13 @@ func serveImage(t *testing.T, name, tag string) string {
 				_, _ = w.Write(manifest)
 			}
 		case strings.HasPrefix(p, name+"/blobs/"):
+			if hold != nil {
+				select {
+				case <-hold:
+				case <-r.Context().Done():
+					return
+				}
+			}
 			b, ok := blobs[strings.TrimPrefix(p, name+"/blobs/")]
 			if !ok {
 				http.NotFound(w, r)
