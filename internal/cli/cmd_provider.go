@@ -41,7 +41,8 @@ sandbox sees only placeholders, and no command prints a value.`,
 		RunE: groupRunE,
 	}
 	cmd.AddCommand(a.newProviderCreateCmd(), a.newProviderGetCmd(), a.newProviderListCmd(),
-		a.newProviderUpdateCmd(), a.newProviderDeleteCmd(), a.newProviderListProfilesCmd())
+		a.newProviderUpdateCmd(), a.newProviderDeleteCmd(), a.newProviderListProfilesCmd(),
+		a.newProviderProfileCmd(), a.newProviderRefreshCmd())
 	return cmd
 }
 
