@@ -72,9 +72,10 @@ func oidcHTTPClient(insecure bool) *http.Client {
 }
 
 // discoverOIDC reads the issuer's discovery document; go-oidc checks that
-// its issuer is the one configured.
+// its issuer is the one configured (without a trailing slash, which
+// OpenShell's CLI ignores on both sides).
 func discoverOIDC(ctx context.Context, hc *http.Client, issuer string) (oidcEndpoints, error) {
-	p, err := gooidc.NewProvider(gooidc.ClientContext(ctx, hc), issuer)
+	p, err := gooidc.NewProvider(gooidc.ClientContext(ctx, hc), strings.TrimSuffix(issuer, "/"))
 	if err != nil {
 		return oidcEndpoints{}, fmt.Errorf("OIDC discovery of %s: %w", issuer, err)
 	}
@@ -397,7 +398,9 @@ func (a *app) oidcAccessToken(ctx context.Context, reg *registry, e gatewayEntry
 	if err := reg.storeOIDCToken(e.Name, nb); err != nil {
 		return "", err
 	}
-	a.logger.Debug("refreshed the OIDC access token", "gateway", e.Name)
+	if a.logger != nil { // nil before setup
+		a.logger.Debug("refreshed the OIDC access token", "gateway", e.Name)
+	}
 	return nb.AccessToken, nil
 }
 

@@ -109,12 +109,13 @@ func TestOIDCDeviceLogin(t *testing.T) {
 }
 
 // TestOIDCLogoutIssuerDown: logout deletes the tokens even when the issuer
-// cannot be reached, and says so.
+// cannot be reached, and says so. The issuer is registered with a trailing
+// slash its discovery document does not have, which OpenShell accepts.
 func TestOIDCLogoutIssuerDown(t *testing.T) {
 	is := newTestIssuer(t, false, true)
 	tt := newTester(t)
 	tt.setup = func(a *app) { a.now = time.Now; a.openBrowser = headlessBrowser(t) }
-	addOIDCGateway(t, tt, is.srv.URL)
+	addOIDCGateway(t, tt, is.srv.URL+"/")
 	if r := tt.run("gateway", "login"); r.err != nil {
 		t.Fatalf("login: %v\n%s", r.err, r.stderr)
 	}
