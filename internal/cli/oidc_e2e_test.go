@@ -33,8 +33,12 @@ func oidcTester(t *testing.T) (*tester, *testIssuer, *[]result) {
 		t.Errorf("gateway add = %q", r.stdout)
 	}
 	t.Cleanup(func() {
-		// No token or secret may appear in any output.
+		// No token or secret may appear in any output, nor in the
+		// gateway's log.
 		for _, s := range is.secrets() {
+			if strings.Contains(g.Logs(), s) {
+				t.Error("a token appeared in the gateway's log")
+			}
 			for _, o := range outputs {
 				if strings.Contains(o.stdout, s) || strings.Contains(o.stderr, s) || (o.err != nil && strings.Contains(o.err.Error(), s)) {
 					t.Errorf("a token or secret appeared in the output: stdout %q stderr %q err %v", o.stdout, o.stderr, o.err)
