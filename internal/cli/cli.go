@@ -245,6 +245,7 @@ one, openshell uses a gateway on 127.0.0.1:17670.`,
 		a.newSettingsCmd(),
 		a.newRuleCmd(),
 		a.newForwardCmd(),
+		a.newServiceCmd(),
 		a.newLogsCmd(),
 		a.newSSHProxyCmd(),
 	)

@@ -183,6 +183,29 @@ func TestServiceRouting(t *testing.T) {
 			t.Errorf("GET unknown service = %v %v, want 404", resp, err)
 		}
 	})
+	t.Run("cli", func(t *testing.T) {
+		cl := newCLI(t, g)
+		out := cl.ok("service", "expose", "web", "9999", "extra")
+		if !strings.Contains(out, "URL: http://web--extra.openshell.localhost:"+strconv.Itoa(g.Port)+"/") {
+			t.Errorf("service expose printed %q, want the URL", out)
+		}
+		list := cl.ok("service", "list", "web")
+		for _, want := range []string{"SANDBOX", "web", "app", "extra", "9999", url} {
+			if !strings.Contains(list, want) {
+				t.Errorf("service list = %q, want %q in it", list, want)
+			}
+		}
+		if get := cl.ok("service", "get", "web", "app"); !strings.Contains(get, url) {
+			t.Errorf("service get = %q, want %s", get, url)
+		}
+		cl.ok("service", "delete", "web", "extra")
+		if _, stderr, code := cl.run("", "service", "get", "web", "extra"); code == 0 || !strings.Contains(stderr, "not found") {
+			t.Errorf("service get after delete = exit %d %q, want not found", code, stderr)
+		}
+		if _, _, code := cl.run("", "service", "expose", "web", "0"); code != 2 {
+			t.Errorf("service expose with port 0 = exit %d, want usage error 2", code)
+		}
+	})
 	t.Run("deleted service", func(t *testing.T) {
 		del, err := c.DeleteService(ctx, &openshellv1.DeleteServiceRequest{Sandbox: "web", Service: "app"})
 		if err != nil || !del.GetDeleted() {
