@@ -289,3 +289,75 @@ func TestProviderCredentialResolution(t *testing.T) {
 	}
 	poll("after the detach", refused)
 }
+
+// TestProvidersV2ProfileRules: with providers_v2_enabled, a custom
+// provider profile (imported through the real gateway) contributes its
+// endpoint and binary to the policy of a sandbox whose own policy allows
+// nothing; curl, a binary of the profile, reaches the profile's
+// (loopback) endpoint with the credential placeholder resolved on plain
+// HTTP. With the setting off again the supervisor reloads the sandbox's
+// own policy and the request is denied.
+func TestProvidersV2ProfileRules(t *testing.T) {
+	curl := requireCurl(t)
+	seen := make(chan string, 16)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Get("Authorization")
+		fmt.Fprint(w, "svc ok")
+	}))
+	t.Cleanup(up.Close)
+	port, portN := upstreamPort(up)
+	g := Start(t, Options{Env: []string{"OPENSHELL_EGRESS_TEST_HOSTS=svc.test=127.0.0.1"}})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	setV2 := func(on bool) {
+		t.Helper()
+		if _, err := c.UpdateConfig(ctx, &openshellv1.UpdateConfigRequest{Global: true, SettingKey: "providers_v2_enabled",
+			SettingValue: &sandboxv1.SettingValue{Value: &sandboxv1.SettingValue_BoolValue{BoolValue: on}}}); err != nil {
+			t.Fatalf("UpdateConfig(providers_v2_enabled=%v): %v", on, err)
+		}
+	}
+	setV2(true)
+	r, err := c.ImportProviderProfiles(ctx, &openshellv1.ImportProviderProfilesRequest{Workspace: "default", Profiles: []*openshellv1.ProviderProfileImportItem{{
+		Profile: &openshellv1.ProviderProfile{Id: "svc",
+			Credentials: []*openshellv1.ProviderProfileCredential{{Name: "token", EnvVars: []string{"SVC_TOKEN"}}},
+			Endpoints:   []*sandboxv1.NetworkEndpoint{{Host: "svc.test", Port: portN, AllowedIps: []string{"127.0.0.1"}, Protocol: "rest", Access: "full", Enforcement: "enforce"}},
+			Binaries:    []*sandboxv1.NetworkBinary{{Path: curl}},
+		}}}})
+	if err != nil || !r.GetImported() {
+		t.Fatalf("ImportProviderProfiles = %v, %v", r, err)
+	}
+	const secret = "svc-e2e-secret-1234"
+	if _, err := c.CreateProvider(ctx, &openshellv1.CreateProviderRequest{Provider: &datamodelv1.Provider{
+		Metadata: &datamodelv1.ObjectMeta{Name: "svc1"}, Type: "svc", Credentials: map[string]string{"SVC_TOKEN": secret}}}); err != nil {
+		t.Fatalf("CreateProvider: %v", err)
+	}
+	id := createEgressSandbox(ctx, t, c, "v2", &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}, Policy: egressPolicy(nil), Providers: []string{"svc1"}})
+	waitEgressLoaded(ctx, t, c, "v2", "the composed provider rule is enforced")
+	get := func() string {
+		out, errOut, _, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"sh", "-c",
+			curl + ` -s -w ' %{http_code}' -H "Authorization: Bearer $SVC_TOKEN" http://svc.test:` + port + `/v1/models`}})
+		if err != nil {
+			t.Fatalf("exec: %v (%s)", err, errOut)
+		}
+		return strings.TrimSpace(out)
+	}
+	if out := get(); out != "svc ok 200" {
+		t.Fatalf("curl through the composed rule = %q, want the upstream's 200", out)
+	}
+	if got := <-seen; got != "Bearer "+secret {
+		t.Errorf("upstream saw Authorization %q, want the real value", got)
+	}
+
+	setV2(false)
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(time.Second) {
+		out := get()
+		if strings.HasSuffix(out, " 403") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("with providers_v2_enabled off the request still gets %q", out)
+		}
+		<-seen
+	}
+}
