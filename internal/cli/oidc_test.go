@@ -242,3 +242,53 @@ func TestOIDCConcurrentRefresh(t *testing.T) {
 		t.Errorf("%d refresh requests, want 1", n)
 	}
 }
+
+// urlOpener is a user watching stderr: it opens the first authorization
+// URL printed there in the headless browser.
+type urlOpener struct {
+	t      *testing.T
+	prefix string
+	mu     sync.Mutex
+	buf    strings.Builder
+	opened bool
+	wg     sync.WaitGroup
+}
+
+func (u *urlOpener) Write(p []byte) (int, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.buf.Write(p)
+	if !u.opened {
+		for _, f := range strings.Fields(u.buf.String()) {
+			if strings.HasPrefix(f, u.prefix) {
+				u.opened = true
+				u.wg.Go(func() { _ = headlessBrowser(u.t)(f) })
+				break
+			}
+		}
+	}
+	return len(p), nil
+}
+
+// TestOIDCLoginNoBrowserPrintsURL: with --no-browser and an issuer without
+// device authorization, login prints the authorization URL, opens no
+// browser, and completes when the user opens the URL.
+func TestOIDCLoginNoBrowserPrintsURL(t *testing.T) {
+	is := newTestIssuer(t, false, false)
+	tt := newTester(t)
+	watcher := &urlOpener{t: t, prefix: is.srv.URL + "/authorize?"}
+	addOIDCGateway(t, tt, is.srv.URL)
+	tt.setup = func(a *app) {
+		a.now = time.Now
+		a.openBrowser = func(string) error { t.Error("a browser was opened despite --no-browser"); return nil }
+		a.stderr = watcher
+	}
+	r := tt.run("gateway", "login", "--no-browser")
+	watcher.wg.Wait()
+	if r.err != nil || r.stdout != "Logged in to gateway \"corp\" as alice\n" {
+		t.Fatalf("login = %q (%v)\nstderr: %s", r.stdout, r.err, watcher.buf.String())
+	}
+	if !watcher.opened {
+		t.Error("no authorization URL was printed")
+	}
+}
