@@ -290,7 +290,8 @@ func (a *app) newGatewayLoginCmd() *cobra.Command {
 		Long: `Log in to a gateway with auth_mode "oidc" (see 'gateway add --oidc-issuer') and
 store the tokens in gateways/NAME/oidc_token.json (mode 0600), where
 OpenShell's CLI and SDKs find them too. NAME defaults to --gateway, then the
-selected gateway.
+selected gateway, then the only registered one. --gateway-insecure also skips
+certificate checks towards the identity provider.
 
 The grant depends on the environment, as with OpenShell's CLI:
   OPENSHELL_OIDC_CLIENT_SECRET set   client credentials (for CI and automation);
