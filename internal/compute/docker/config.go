@@ -101,6 +101,12 @@ func parseConfig(cfg map[string]any, deps compute.FactoryDeps) (config, error) {
 			}
 			return c, bad("%s is not supported: the docker driver bind-mounts the gateway's own %s binary and sandboxes reach the gateway through its unix callback socket (containers have no network)", k, supervisorName)
 		default:
+			if openShellOnly[k] {
+				if isZero(v) {
+					continue
+				}
+				return c, bad("%s (an OpenShell docker driver key) is not supported by this docker driver: its containers have no network, no bind mounts but the supervisor's, and no driver_config", k)
+			}
 			return c, bad("unknown config key %q", k)
 		}
 	}
@@ -122,6 +128,28 @@ func parseConfig(cfg map[string]any, deps compute.FactoryDeps) (config, error) {
 		c.supervisorPath = findSupervisor()
 	}
 	return c, nil
+}
+
+// openShellOnly are keys of OpenShell's docker driver this one does not
+// implement; a zero value (false, "", 0) does nothing and is accepted.
+var openShellOnly = map[string]bool{
+	"sandbox_runtime_image": true, "network_name": true, "ssh_socket_path": true,
+	"enable_bind_mounts": true, "allow_driver_config": true, "resource_admission": true,
+	"https_proxy": true, "no_proxy": true, "proxy_auth_file": true, "proxy_auth_allow_insecure": true,
+	"proxy_connect_by_hostname": true, "proxy_ca_bundle": true,
+}
+
+func isZero(v any) bool {
+	switch x := v.(type) {
+	case nil:
+		return true
+	case string:
+		return x == ""
+	case bool:
+		return !x
+	}
+	n, ok := integer(v)
+	return ok && n == 0
 }
 
 var pullPolicies = map[string]string{

@@ -103,6 +103,9 @@
 // limit, the default), stop_timeout_secs (default 10). supervisor_image,
 // guest_tls_*, host_gateway_ip and grpc_endpoint are refused when set:
 // containers have no network and the supervisor comes from the gateway.
+// Other keys of OpenShell's docker driver (sandbox_runtime_image,
+// network_name, enable_bind_mounts, the proxy keys, ...) are refused
+// unless they hold their zero value.
 // A missing socket, a socket the gateway may not use and a socket nobody
 // listens on are each a FailedPrecondition naming the socket, when the
 // driver opens. The gateway's callback endpoint must be a unix socket.

@@ -320,6 +320,8 @@ func TestConfigRefusals(t *testing.T) {
 		{"pids limit", map[string]any{"sandbox_pids_limit": -1}, compute.FactoryDeps{}},
 		{"tcp callback", nil, compute.FactoryDeps{GatewayEndpoint: "http://127.0.0.1:17670"}},
 		{"relative supervisor", map[string]any{"supervisor_bin": "openshell-sandbox"}, compute.FactoryDeps{}},
+		{"openshell bind mounts", map[string]any{"enable_bind_mounts": true}, compute.FactoryDeps{}},
+		{"openshell network", map[string]any{"network_name": "openshell"}, compute.FactoryDeps{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			deps := tc.deps
@@ -343,4 +345,15 @@ func init() {
 	// The daemon-error cases must not pick up a DOCKER_HOST of the
 	// environment through socket_path's fallback.
 	_ = os.Unsetenv("DOCKER_HOST")
+}
+
+// TestConfigZeroOpenShellKeys: an OpenShell-only key at its zero value
+// does nothing and is accepted (the error is then the missing socket).
+func TestConfigZeroOpenShellKeys(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "none.sock")
+	_, err := docker.Open(map[string]any{"socket_path": sock, "enable_bind_mounts": false, "network_name": "", "sandbox_pids_limit": 0},
+		compute.FactoryDeps{StateDir: t.TempDir(), GatewayEndpoint: "unix:///run/gw.sock"})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), sock) {
+		t.Errorf("Open(zero OpenShell keys, missing socket) = %v, want FailedPrecondition about the socket", err)
+	}
 }
