@@ -4,7 +4,8 @@
 # OpenSSH client (CLI ssh-config test), busybox-static (rootfs sandboxes), curl (HTTP/2
 # endpoints answered to curl's default negotiation), docker.io (docker driver suites: dockerd,
 # started by test/docker/start.sh), iproute2 and util-linux's nsenter and setpriv (the
-# nftables fence tests: a veth pair to a peer namespace, a pod's capability set).
+# nftables fence tests: a veth pair to a peer namespace, a pod's capability set), runc and
+# containernetworking-plugins (the one-node Kubernetes harness).
 # Needs root and apt-get; otherwise it says what to install and returns 1.
 set -euo pipefail
 pkgs=()
@@ -21,6 +22,9 @@ command -v wget >/dev/null 2>&1 || pkgs+=(wget)
 command -v dockerd >/dev/null 2>&1 || pkgs+=(docker.io)
 command -v ip >/dev/null 2>&1 || pkgs+=(iproute2)
 { command -v nsenter && command -v setpriv; } >/dev/null 2>&1 || pkgs+=(util-linux)
+# The one-node Kubernetes harness (test/k8s/node.sh): runc and the CNI plugins.
+command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || pkgs+=(runc)
+[ -x /usr/lib/cni/bridge ] || pkgs+=(containernetworking-plugins)
 if [ "${#pkgs[@]}" -eq 0 ]; then
   exit 0
 fi
