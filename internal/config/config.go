@@ -88,6 +88,9 @@ type Config struct {
 	RateLimit RateLimit
 
 	SecurityEvents SecurityEvents
+	// OTLP is the [openshell.gateway.otlp] table; nil when absent (trace
+	// export off, whatever OTEL_* variables say).
+	OTLP *OTLP
 
 	SSHSessionTTL    time.Duration
 	DatabaseWait     time.Duration // start-up wait for an unreachable database (0 = fail at once)
@@ -184,4 +187,15 @@ type SecurityEvents struct {
 	MaxSizeMB int
 	// MaxFiles is how many rotated files are kept.
 	MaxFiles int
+}
+
+// OTLP is [openshell.gateway.otlp]: its presence turns OpenTelemetry trace
+// export (OTLP over gRPC) on; the OTEL_* variables tune the exporter.
+type OTLP struct {
+	// Endpoint is http(s)://host:port; empty = the OTEL_* endpoint
+	// variables, then localhost:4317.
+	Endpoint string
+	// ServiceName is service.name; empty = OTEL_SERVICE_NAME, then
+	// openshell-gateway.
+	ServiceName string
 }

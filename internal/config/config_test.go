@@ -366,7 +366,6 @@ func TestNotImplementedRefused(t *testing.T) {
 	}{
 		{name: "server san flag", args: []string{"--server-san", "gw.example"}, want: "--server-san: extra server names for the gateway"},
 		{name: "jwks ttl key", toml: "[openshell.gateway.oidc]\njwks_ttl_secs = 60\n", want: "openshell.gateway.oidc.jwks_ttl_secs: a configurable OIDC key cache lifetime"},
-		{name: "otlp", toml: "[openshell.gateway.otlp]\nendpoint = \"http://otel:4317\"\n", want: "openshell.gateway.otlp: OpenTelemetry trace export is not implemented in this gateway yet; remove the setting"},
 		{name: "interceptors", toml: "[[openshell.gateway.interceptors]]\nname = \"audit\"\n", want: "openshell.gateway.interceptors: request interceptors"},
 		{name: "credential driver list", toml: "[openshell.gateway]\ncredential_drivers = [\"vault\"]\n", want: "openshell.gateway.credential_drivers: credential drivers"},
 		{name: "default credential driver", toml: "[openshell.gateway]\ndefault_credential_driver = \"vault\"\n", want: "openshell.gateway.default_credential_driver: credential drivers"},
@@ -686,5 +685,32 @@ security_event_max_files = 2
 	want := SecurityEvents{Sink: "/var/log/os/events.jsonl", MaxSizeMB: 9, MaxFiles: 3}
 	if diff := cmp.Diff(want, cfg.SecurityEvents); diff != "" {
 		t.Errorf("SecurityEvents (-want +got):\n%s", diff)
+	}
+}
+
+func TestOTLPTable(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		toml string
+		want *OTLP
+	}{
+		{"absent", "[openshell.gateway]\ndisable_tls = true\n", nil},
+		{"empty table switches it on", "[openshell.gateway.otlp]\n", &OTLP{}},
+		{"endpoint and service", "[openshell.gateway.otlp]\nendpoint = \"http://otel:4317\"\nservice_name = \"gw\"\n", &OTLP{Endpoint: "http://otel:4317", ServiceName: "gw"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			file := writeFile(t, filepath.Join(t.TempDir(), "gw.toml"), tt.toml)
+			cfg, err := load(t, []string{"--disable-tls", "--config", file}, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://env:4317"})
+			if err != nil {
+				t.Fatalf("Load() = %v", err)
+			}
+			if diff := cmp.Diff(tt.want, cfg.OTLP); diff != "" {
+				t.Errorf("OTLP (-want +got):\n%s", diff)
+			}
+		})
+	}
+	file := writeFile(t, filepath.Join(t.TempDir(), "gw.toml"), "[openshell.gateway.otlp]\nprotocol = \"http\"\n")
+	if _, err := load(t, []string{"--disable-tls", "--config", file}, nil); err == nil || !strings.Contains(err.Error(), "protocol") {
+		t.Errorf("Load(otlp.protocol) = %v, want the unknown key refused", err)
 	}
 }

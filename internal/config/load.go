@@ -546,6 +546,9 @@ func (s *settings) resolve(cfg *Config, file *fileRoot, lookupEnv LookupEnv) err
 	}
 	cfg.DatabaseWait = time.Duration(s.dbWait) * time.Second
 	cfg.SandboxNamespace = deref(g.SandboxNamespace)
+	if o := g.OTLP; o != nil {
+		cfg.OTLP = &OTLP{Endpoint: deref(o.Endpoint), ServiceName: deref(o.ServiceName)}
+	}
 	errs = append(errs, s.refuseNotImplemented(file, cfg.ConfigFile)...)
 	return errors.Join(errs...)
 }

@@ -48,6 +48,7 @@ import (
 	"github.com/openshell-go/openshell/internal/server"
 	"github.com/openshell-go/openshell/internal/store"
 	storeopen "github.com/openshell-go/openshell/internal/store/open"
+	"github.com/openshell-go/openshell/internal/store/storetrace"
 	"github.com/openshell-go/openshell/internal/version"
 )
 
@@ -134,6 +135,8 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 		return fmt.Errorf("listen on %s: %w", cfg.Addr(), err)
 	}
 	cleanups = append(cleanups, func() { ln.Close() })
+	tracing := setupTracing(ctx, cfg, logger)
+	cleanups = append(cleanups, func() { flushTracing(tracing, logger) }) // after the server loop, engine and drivers
 
 	st, err := openStoreWaiting(ctx, logger, cfg.DatabaseWait, func(ctx context.Context) (store.Store, error) {
 		return storeopen.Open(ctx, cfg.DatabaseURL, logger)
@@ -142,6 +145,9 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 		return fmt.Errorf("open store: %w", err)
 	}
 	cleanups = append(cleanups, func() { _ = st.Close() }) // best effort on the way out
+	if tracing.Enabled {
+		st = storetrace.New(st)
+	}
 	if err := ensureDefaultWorkspace(ctx, st); err != nil {
 		return err
 	}
@@ -268,7 +274,7 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	}
 	srvOpts := server.Options{
 		Logger: logger, Authenticator: chain, Authorizer: authz, CallbackListener: cbLn,
-		Registry: registry, SecurityEvents: secEvents,
+		Registry: registry, SecurityEvents: secEvents, TracerProvider: tracing.TracerFor(),
 		Services: sandboxes.ServiceRouter, LoopbackServiceHTTP: cfg.LoopbackServiceHTTP && cfg.TLS.Enabled,
 		RateLimit: server.RateLimit{Requests: cfg.RateLimit.Requests, Window: cfg.RateLimit.Window},
 		Deps: server.Deps{
@@ -531,6 +537,8 @@ func runDriver(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return err
 		}
 	}
+	tracing := setupDriverTracing(ctx, *cfgFile, *name, logger)
+	defer flushTracing(tracing, logger)
 	d, err := drivers().New(*name, table, compute.FactoryDeps{Logger: logger, StateDir: dir, GatewayEndpoint: *endpoint, SupervisorPath: supervisorPath()})
 	if err != nil {
 		return err

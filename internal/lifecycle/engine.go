@@ -16,6 +16,7 @@ import (
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/telemetry"
 )
 
 // DefaultWorkspace is where requests without a workspace go.
@@ -576,6 +577,8 @@ func (e *Engine) Start(ctx context.Context, workspace, name string) (*openshellv
 }
 
 func (e *Engine) refreshBackend(ctx context.Context, sb *openshellv1.Sandbox) {
+	ctx, end := telemetry.StartOperation(ctx, "lifecycle.RefreshBackend")
+	defer end(nil)
 	got, err := e.driver.Get(ctx, compute.Ref{ID: sb.GetMetadata().GetId(), Name: sb.GetMetadata().GetName()})
 	switch {
 	case err == nil:

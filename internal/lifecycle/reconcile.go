@@ -9,6 +9,7 @@ import (
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/telemetry"
 )
 
 // Recover brings store and backend back in line after a restart (including
@@ -19,7 +20,9 @@ import (
 //   - DELETING rows finish their delete; STOPPING/STARTING rows retry;
 //   - with gateway_manages_lifecycle, sandboxes that were running when the
 //     gateway stopped are started again (explicitly STOPPED ones are not).
-func (e *Engine) Recover(ctx context.Context) error {
+func (e *Engine) Recover(ctx context.Context) (err error) {
+	ctx, end := telemetry.StartOperation(ctx, "lifecycle.Recover")
+	defer func() { end(err) }()
 	backends, err := e.driver.List(ctx)
 	if err != nil {
 		return fmt.Errorf("list backend sandboxes: %w", err)
@@ -158,6 +161,8 @@ func (e *Engine) Run(ctx context.Context) error {
 // sandbox's long operation, and an event for a sandbox without a row
 // changes nothing and is not remembered.
 func (e *Engine) apply(ctx context.Context, ev compute.Event) {
+	ctx, end := telemetry.StartOperation(ctx, "lifecycle.WatchEvent")
+	defer end(nil)
 	var id string
 	var work func(ctx context.Context) error
 	switch ev.Kind {

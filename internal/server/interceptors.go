@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -20,6 +21,7 @@ import (
 	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/securityevent"
+	"github.com/openshell-go/openshell/internal/telemetry"
 )
 
 // RequestIDHeader carries the request id in and out (response header).
@@ -71,6 +73,8 @@ type pipeline struct {
 	metrics *metrics
 	// events receives security events; nil = none.
 	events securityevent.Emitter
+	// tracer makes a span per RPC; nil = none.
+	tracer trace.Tracer
 	// callbackOnly restricts the server to sandbox and dual RPCs.
 	callbackOnly bool
 }
@@ -198,6 +202,10 @@ func (p *pipeline) unary(ctx context.Context, req any, info *grpc.UnaryServerInf
 	start := time.Now()
 	ctx, id := requestID(ctx)
 	_ = grpc.SetHeader(ctx, metadata.Pairs(RequestIDHeader, id))
+	var span trace.Span
+	if p.tracer != nil {
+		ctx, span = telemetry.StartServerSpan(ctx, p.tracer, info.FullMethod, id)
+	}
 	var pr *auth.Principal
 	refused := false
 	defer func() {
@@ -206,6 +214,9 @@ func (p *pipeline) unary(ctx context.Context, req any, info *grpc.UnaryServerInf
 		}
 		p.done(ctx, info.FullMethod, start, pr, err)
 		p.securityEvent(ctx, info.FullMethod, pr, refused, req, resp, err)
+		if span != nil {
+			telemetry.EndServerSpan(span, err)
+		}
 	}()
 	ctx, pr, err = p.admit(ctx, info.FullMethod)
 	if err == nil {
@@ -227,6 +238,10 @@ func (p *pipeline) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServer
 	start := time.Now()
 	ctx, id := requestID(ss.Context())
 	_ = ss.SetHeader(metadata.Pairs(RequestIDHeader, id))
+	var span trace.Span
+	if p.tracer != nil {
+		ctx, span = telemetry.StartServerSpan(ctx, p.tracer, info.FullMethod, id)
+	}
 	var pr *auth.Principal
 	refused := false
 	var first *firstRecv
@@ -240,6 +255,9 @@ func (p *pipeline) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServer
 			req = first.first
 		}
 		p.securityEvent(ctx, info.FullMethod, pr, refused, req, nil, err)
+		if span != nil {
+			telemetry.EndServerSpan(span, err)
+		}
 	}()
 	ctx, pr, err = p.admit(ctx, info.FullMethod)
 	if err == nil {

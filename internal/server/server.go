@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -96,6 +97,9 @@ type Options struct {
 	// SecurityEvents receives one security event per security-relevant
 	// RPC (internal/securityevent); nil = none.
 	SecurityEvents securityevent.Emitter
+	// TracerProvider makes a span per RPC (internal/telemetry), continuing
+	// the caller's W3C trace context; nil = no spans.
+	TracerProvider trace.TracerProvider
 	Deps           Deps
 }
 
@@ -187,8 +191,12 @@ func New(opts Options) (*Server, error) {
 	if opts.RateLimit.Requests > 0 {
 		limiter = &rateLimiter{limit: opts.RateLimit.Requests, window: opts.RateLimit.Window, now: time.Now}
 	}
+	var tracer trace.Tracer
+	if opts.TracerProvider != nil {
+		tracer = opts.TracerProvider.Tracer("github.com/openshell-go/openshell/internal/server")
+	}
 	newPipeline := func(callbackOnly bool) *pipeline {
-		return &pipeline{log: log, authn: opts.Authenticator, authz: opts.Authorizer, limiter: limiter, metrics: m, events: opts.SecurityEvents, callbackOnly: callbackOnly}
+		return &pipeline{log: log, authn: opts.Authenticator, authz: opts.Authorizer, limiter: limiter, metrics: m, events: opts.SecurityEvents, tracer: tracer, callbackOnly: callbackOnly}
 	}
 	svc := NewOpenShellService(opts.Deps)
 	var inf inferencev1.InferenceServer = &InferenceService{deps: svc.deps}

@@ -19,6 +19,7 @@ import (
 	computev1 "github.com/openshell-go/openshell/api/openshell/compute/v1"
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/telemetry"
 )
 
 // DialTimeout bounds how long Dial waits for the driver socket to answer.
@@ -63,6 +64,7 @@ func Dial(ctx context.Context, socketPath string, logger *slog.Logger) (*Driver,
 			MinConnectTimeout: time.Second,
 		}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsgSize), grpc.MaxCallSendMsgSize(maxMsgSize)),
+		grpc.WithChainUnaryInterceptor(telemetry.UnaryClientInterceptor()), grpc.WithChainStreamInterceptor(telemetry.StreamClientInterceptor()),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("compute driver socket %q: %w", abs, err)

@@ -18,6 +18,7 @@ import (
 	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/telemetry"
 )
 
 // drainTimeout bounds graceful shutdown; open watches are then cut.
@@ -39,13 +40,14 @@ func Serve(ctx context.Context, d compute.Driver, socketPath string, logger *slo
 	}
 	defer func() { _ = os.Remove(socketPath) }() // best effort: the socket may already be gone
 
+	traceUnary, traceStream := telemetry.ServerInterceptors()
 	srv := grpc.NewServer(
 		grpc.MaxRecvMsgSize(maxMsgSize),
-		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		grpc.ChainUnaryInterceptor(traceUnary, func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			resp, err := h(ctx, req)
 			return resp, toWire(logger, info.FullMethod, err)
 		}),
-		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		grpc.ChainStreamInterceptor(traceStream, func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 			return toWire(logger, info.FullMethod, h(srv, ss))
 		}),
 	)
