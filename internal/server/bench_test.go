@@ -9,10 +9,15 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/telemetry"
+	"github.com/openshell-go/openshell/internal/telemetry/telemetrytest"
 	"github.com/openshell-go/openshell/internal/version"
 )
 
@@ -108,4 +113,53 @@ func BenchmarkHealth(b *testing.B) {
 			b.ReportMetric(float64(gwTotal)/float64(bareTotal), "ratio")
 		})
 	}
+}
+
+// BenchmarkTracing calls a unary RPC through two gateway stacks in the same
+// loop: one with OTLP tracing on (the SDK's batcher exporting to a real
+// OTLP/gRPC receiver on loopback, W3C context continued from the client),
+// one with tracing off. It reports both latencies and their ratio.
+func BenchmarkTracing(b *testing.B) {
+	f := newFixture(b)
+	rcv := telemetrytest.Start(b)
+	prov := telemetry.Setup(b.Context(), &telemetry.Config{Endpoint: rcv.Endpoint}, slog.New(slog.DiscardHandler), func(string) (string, bool) { return "", false })
+	b.Cleanup(func() { _ = prov.Shutdown(context.Background()) })
+	start := func(tp bool) openshellv1.OpenShellClient {
+		opts := f.fullOptions(b, true)
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		opts.TLSConfig = nil
+		if tp {
+			opts.TracerProvider = prov
+		}
+		_, addr := startServer(b, opts)
+		return openshellv1.NewOpenShellClient(dial(b, addr, nil))
+	}
+	on, off := start(true), start(false)
+	tid, _ := trace.TraceIDFromHex("0af7651916cd43dd8448eb211c80319c")
+	sid, _ := trace.SpanIDFromHex("b7ad6b7169203331")
+	md := metadata.MD{}
+	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(b.Context(),
+		trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true})), mdCarrier(md))
+	ctx := metadata.NewOutgoingContext(b.Context(), md)
+	call := func(c openshellv1.OpenShellClient) {
+		if _, err := c.GetCurrentUser(ctx, &openshellv1.GetCurrentUserRequest{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	call(on)
+	call(off)
+	var onTotal, offTotal time.Duration
+	n := 0
+	for b.Loop() {
+		t0 := time.Now()
+		call(off)
+		t1 := time.Now()
+		call(on)
+		onTotal += time.Since(t1)
+		offTotal += t1.Sub(t0)
+		n++
+	}
+	b.ReportMetric(float64(onTotal.Nanoseconds())/float64(n), "traced-ns/op")
+	b.ReportMetric(float64(offTotal.Nanoseconds())/float64(n), "untraced-ns/op")
+	b.ReportMetric(float64(onTotal)/float64(offTotal), "ratio")
 }
