@@ -1,0 +1,283 @@
+package interceptor
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+)
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+const secretValue = "sk-very-secret-value-0123456789"
+
+func providerReq() *openshellv1.CreateProviderRequest {
+	return &openshellv1.CreateProviderRequest{Provider: &datamodelv1.Provider{
+		Metadata:    &datamodelv1.ObjectMeta{Name: "anthropic", Labels: map[string]string{"team": "infra"}},
+		Type:        "anthropic",
+		Credentials: map[string]string{"ANTHROPIC_API_KEY": secretValue},
+	}}
+}
+
+// noSecret fails when the secret reached the interceptor in any form.
+func noSecret(t *testing.T, f *fake) {
+	t.Helper()
+	evs, raws := f.evaluations(t)
+	for i, raw := range raws {
+		if bytes.Contains(raw, []byte(secretValue)) || bytes.Contains(raw, []byte("ANTHROPIC_API_KEY")) {
+			t.Errorf("evaluation %d carried the secret credential on the wire", i)
+		}
+		js, _ := protojson.Marshal(evs[i])
+		if strings.Contains(string(js), "credentials") {
+			t.Errorf("evaluation %d names the credentials field: %s", i, js)
+		}
+	}
+}
+
+// TestModifyRenamesLabel: a modify_operation binding renames a label; the
+// handler gets the renamed label and the untouched credential; a later
+// validate binding of another interceptor sees the modified operation;
+// neither interceptor ever sees the credential.
+func TestModifyRenamesLabel(t *testing.T) {
+	mod := startFake(t, manifest("", bind("rename-team", rpcCreateProvider, "", ModifyOperation)), "allow",
+		`[{"op":"move","from":"/provider/metadata/labels/team","path":"/provider/metadata/labels/owner"}]`)
+	val := startFake(t, manifest("", bind("check", rpcCreateProvider, "", Validate)), "allow", "")
+	c1, c2 := config("rename", mod), config("audit", val)
+	c1.Order, c2.Order = 1, 2
+	rt := start(t, c2, c1)
+	client, _, api := serve(t, rt)
+
+	resp, err := client.CreateProvider(t.Context(), providerReq())
+	if err != nil {
+		t.Fatalf("CreateProvider: %v", err)
+	}
+	want := providerReq()
+	want.Provider.Metadata.Labels = map[string]string{"owner": "infra"}
+	got := api.received()
+	if len(got) != 1 {
+		t.Fatalf("handler called %d times, want 1", len(got))
+	}
+	if diff := cmp.Diff(want, got[0], protocmp.Transform()); diff != "" {
+		t.Errorf("handler request (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(want.Provider, resp.GetProvider(), protocmp.Transform()); diff != "" {
+		t.Errorf("response (-want +got):\n%s", diff)
+	}
+
+	mevs, _ := mod.evaluations(t)
+	if len(mevs) != 1 || mevs[0].GetModifyOperation() == nil {
+		t.Fatalf("modify interceptor got %v, want one modify_operation evaluation", mevs)
+	}
+	ev := mevs[0]
+	if ev.GetInterceptorName() != "rename" || ev.GetBindingId() != "rename-team" || ev.GetService() != "openshell.v1.OpenShell" || ev.GetMethod() != "CreateProvider" {
+		t.Errorf("evaluation header = %q %q %q %q", ev.GetInterceptorName(), ev.GetBindingId(), ev.GetService(), ev.GetMethod())
+	}
+	if diff := cmp.Diff(map[string]string{"kind": "user", "subject": "alice", "roles": "openshell-user"}, ev.GetPrincipal()); diff != "" {
+		t.Errorf("principal (-want +got):\n%s", diff)
+	}
+	labels := ev.GetModifyOperation().GetProposedOperation().GetFields()["provider"].GetStructValue().GetFields()["metadata"].GetStructValue().GetFields()["labels"].GetStructValue().GetFields()
+	if labels["team"].GetStringValue() != "infra" {
+		t.Errorf("modify saw labels %v, want team=infra", labels)
+	}
+	vevs, _ := val.evaluations(t)
+	if len(vevs) != 1 || vevs[0].GetValidate() == nil {
+		t.Fatalf("validate interceptor got %v, want one validate evaluation", vevs)
+	}
+	vlabels := vevs[0].GetValidate().GetProposedOperation().GetFields()["provider"].GetStructValue().GetFields()["metadata"].GetStructValue().GetFields()["labels"].GetStructValue().GetFields()
+	if _, ok := vlabels["owner"]; !ok || len(vlabels) != 1 {
+		t.Errorf("validate saw labels %v, want only owner (the modified operation)", vlabels)
+	}
+	if vevs[0].GetValidate().CurrentState != nil {
+		t.Errorf("validate current_state = %v, want absent", vevs[0].GetValidate().CurrentState)
+	}
+	noSecret(t, mod)
+	noSecret(t, val)
+}
+
+// TestValidateVeto: a validate binding refuses a create with its code and
+// reason; the handler never runs.
+func TestValidateVeto(t *testing.T) {
+	f := startFake(t, manifest("", bind("veto", rpcCreateProvider, "", Validate)), "deny", "")
+	client, _, api := serve(t, start(t, config("policy", f)))
+	_, err := client.CreateProvider(t.Context(), providerReq())
+	if status.Code(err) != codes.FailedPrecondition || status.Convert(err).Message() != "providers of this type are vetoed by policy" {
+		t.Fatalf("CreateProvider = %v, want FailedPrecondition with the interceptor's reason", err)
+	}
+	if n := len(api.received()); n != 0 {
+		t.Errorf("handler ran %d times after a veto", n)
+	}
+	noSecret(t, f)
+}
+
+// TestDenyWithoutCode: a denial without status_code is PermissionDenied;
+// in modify_operation it stops the call too.
+func TestDenyWithoutCode(t *testing.T) {
+	f := startFake(t, manifest("", bind("no", rpcCreateProvider, "", ModifyOperation)), "deny-plain", "")
+	client, _, api := serve(t, start(t, config("policy", f)))
+	_, err := client.CreateProvider(t.Context(), providerReq())
+	if status.Code(err) != codes.PermissionDenied || status.Convert(err).Message() != "not today" {
+		t.Fatalf("CreateProvider = %v, want PermissionDenied \"not today\"", err)
+	}
+	if n := len(api.received()); n != 0 {
+		t.Errorf("handler ran %d times after a denial", n)
+	}
+}
+
+// TestPostCommitObserves: post_commit sees the committed response without
+// secrets; a failing observer does not change the response and is counted.
+func TestPostCommitObserves(t *testing.T) {
+	for _, tc := range []struct {
+		behavior     string
+		wantFailures float64
+	}{{"allow", 0}, {"deny-post", 1}, {"crash", 1}} {
+		t.Run(tc.behavior, func(t *testing.T) {
+			f := startFake(t, manifest("", bind("observe", rpcCreateProvider, "fail_open", PostCommit)), tc.behavior, "")
+			reg := prometheus.NewRegistry()
+			rt, err := Start(t.Context(), Options{Configs: []Config{config("observer", f)}, Logger: testLogger(t), Metrics: reg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(rt.Close)
+			client, _, api := serve(t, rt)
+			resp, err := client.CreateProvider(t.Context(), providerReq())
+			if err != nil {
+				t.Fatalf("CreateProvider: %v", err)
+			}
+			if resp.GetProvider().GetCredentials()["ANTHROPIC_API_KEY"] != secretValue || len(api.received()) != 1 {
+				t.Errorf("committed response changed or handler not run: %v", resp)
+			}
+			evs, _ := f.evaluations(t)
+			if len(evs) != 1 || evs[0].GetPostCommit() == nil {
+				t.Fatalf("observer got %v, want one post_commit evaluation", evs)
+			}
+			name := evs[0].GetPostCommit().GetCommittedResponse().GetFields()["provider"].GetStructValue().GetFields()["metadata"].GetStructValue().GetFields()["name"].GetStringValue()
+			if name != "anthropic" {
+				t.Errorf("committed_response provider name = %q, want anthropic", name)
+			}
+			noSecret(t, f)
+			got := testutil.ToFloat64(rt.metrics.postCommitFailures.WithLabelValues("observer", "observe"))
+			if got != tc.wantFailures {
+				t.Errorf("openshell_gateway_interceptor_post_commit_observation_failures_total = %v, want %v", got, tc.wantFailures)
+			}
+		})
+	}
+}
+
+// TestFailurePolicies: a crashing or slow interceptor lets the call through
+// under fail_open and refuses it before dispatch under fail_closed.
+func TestFailurePolicies(t *testing.T) {
+	for _, behavior := range []string{"crash", "slow"} {
+		for _, policy := range []FailurePolicy{FailOpen, FailClosed} {
+			t.Run(behavior+"/"+string(policy), func(t *testing.T) {
+				f := startFake(t, manifest(string(policy), bind("b", rpcCreateProvider, "", Validate)), behavior, "")
+				c := config("flaky", f)
+				c.Timeout = 200 * time.Millisecond
+				client, _, api := serve(t, start(t, c))
+				begin := time.Now()
+				_, err := client.CreateProvider(t.Context(), providerReq())
+				if policy == FailOpen {
+					if err != nil || len(api.received()) != 1 {
+						t.Fatalf("fail_open: CreateProvider = %v, handler runs %d, want success once", err, len(api.received()))
+					}
+				} else {
+					if status.Code(err) != codes.Unavailable || len(api.received()) != 0 {
+						t.Fatalf("fail_closed: CreateProvider = %v, handler runs %d, want Unavailable and no dispatch", err, len(api.received()))
+					}
+					if !strings.Contains(err.Error(), `interceptor "flaky" binding "b" failed`) {
+						t.Errorf("fail_closed message = %q", err)
+					}
+				}
+				if behavior == "slow" && time.Since(begin) > 3*time.Second {
+					t.Errorf("slow interceptor held the call %v; timeout is 200ms", time.Since(begin))
+				}
+			})
+		}
+	}
+}
+
+// TestInvalidModification: a patch list with one bad operation is refused
+// as a whole (fail_closed) or rolled back as a whole (fail_open).
+func TestInvalidModification(t *testing.T) {
+	cases := []struct {
+		name    string
+		patches string
+	}{
+		{"unknown field", `[{"op":"add","path":"/provider/metadata/labels/x","value":"1"},{"op":"add","path":"/provider/noSuchField","value":1}]`},
+		{"wrong type", `[{"op":"add","path":"/provider/metadata/labels/x","value":"1"},{"op":"replace","path":"/provider/type","value":3}]`},
+		{"secret field", `[{"op":"add","path":"/provider/metadata/labels/x","value":"1"},{"op":"replace","path":"/provider/credentials/ANTHROPIC_API_KEY","value":"leak"}]`},
+		{"object holding a secret", `[{"op":"add","path":"/provider/metadata/labels/x","value":"1"},{"op":"replace","path":"/provider","value":{"type":"x"}}]`},
+		{"secret as move source", `[{"op":"move","from":"/provider/credentials","path":"/provider/config"}]`},
+		{"root", `[{"op":"replace","path":"","value":{}}]`},
+		{"missing path", `[{"op":"add","path":"/provider/metadata/labels/x","value":"1"},{"op":"remove","path":"/provider/metadata/labels/none"}]`},
+	}
+	for _, tc := range cases {
+		for _, policy := range []FailurePolicy{FailOpen, FailClosed} {
+			t.Run(tc.name+"/"+string(policy), func(t *testing.T) {
+				f := startFake(t, manifest(string(policy), bind("m", rpcCreateProvider, "", ModifyOperation)), "allow", tc.patches)
+				client, _, api := serve(t, start(t, config("mod", f)))
+				_, err := client.CreateProvider(t.Context(), providerReq())
+				if policy == FailClosed {
+					if status.Code(err) != codes.InvalidArgument || len(api.received()) != 0 {
+						t.Fatalf("CreateProvider = %v, handler runs %d; want InvalidArgument before dispatch", err, len(api.received()))
+					}
+					return
+				}
+				if err != nil {
+					t.Fatalf("CreateProvider: %v", err)
+				}
+				got := api.received()
+				if len(got) != 1 {
+					t.Fatalf("handler runs = %d, want 1", len(got))
+				}
+				if diff := cmp.Diff(providerReq(), got[0], protocmp.Transform()); diff != "" {
+					t.Errorf("fail_open did not restore the pre-binding request (-want +got):\n%s", diff)
+				}
+			})
+		}
+	}
+}
+
+// TestSecretPathAllowedBeside: a patch next to a secret (a sibling field of
+// an object that holds one) is allowed and the secret survives.
+func TestSecretPathAllowedBeside(t *testing.T) {
+	f := startFake(t, manifest("", bind("m", rpcCreateProvider, "", ModifyOperation)), "allow",
+		`[{"op":"add","path":"/provider/config","value":{"region":"eu"}}]`)
+	client, _, api := serve(t, start(t, config("mod", f)))
+	if _, err := client.CreateProvider(t.Context(), providerReq()); err != nil {
+		t.Fatal(err)
+	}
+	want := providerReq()
+	want.Provider.Config = map[string]string{"region": "eu"}
+	if diff := cmp.Diff(want, api.received()[0], protocmp.Transform()); diff != "" {
+		t.Errorf("handler request (-want +got):\n%s", diff)
+	}
+	noSecret(t, f)
+}
+
+// TestUnboundMethodsPass: a method without bindings never reaches the
+// interceptor.
+func TestUnboundMethodsPass(t *testing.T) {
+	f := startFake(t, manifest("", bind("b", rpcCreateProvider, "", Validate)), "deny", "")
+	client, _, api := serve(t, start(t, config("p", f)))
+	if _, err := client.UpdateConfig(context.Background(), &openshellv1.UpdateConfigRequest{Name: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	if evs, _ := f.evaluations(t); len(evs) != 0 || len(api.received()) != 1 {
+		t.Errorf("interceptor saw %d evaluations for an unbound method", len(evs))
+	}
+}

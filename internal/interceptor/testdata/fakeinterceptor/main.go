@@ -1,0 +1,122 @@
+// Command fakeinterceptor is a GatewayInterceptor service for the tests of
+// internal/interceptor. It listens on a loopback port, prints
+// "listening <addr>", answers Describe with the manifest given as ProtoJSON
+// and records every Evaluate request it receives (ProtoJSON plus the raw
+// wire bytes, base64) as one JSON line in the record file.
+package main
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"context"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	gipb "github.com/openshell-go/openshell/api/openshell/gateway_interceptor/v1"
+)
+
+type server struct {
+	gipb.UnimplementedGatewayInterceptorServer
+	manifest *gipb.InterceptorManifest
+	behavior string
+	patches  []*gipb.JsonPatch
+	mu       sync.Mutex
+	record   *os.File
+}
+
+func (s *server) Describe(context.Context, *gipb.DescribeRequest) (*gipb.InterceptorManifest, error) {
+	return s.manifest, nil
+}
+
+func (s *server) Evaluate(_ context.Context, ev *gipb.InterceptorEvaluation) (*gipb.InterceptorResult, error) {
+	s.write(ev)
+	switch s.behavior {
+	case "crash":
+		os.Exit(3)
+	case "slow":
+		time.Sleep(5 * time.Second)
+	case "deny":
+		if ev.GetValidate() != nil {
+			return &gipb.InterceptorResult{Allowed: false, Reason: "providers of this type are vetoed by policy", StatusCode: "FAILED_PRECONDITION"}, nil
+		}
+	case "deny-plain":
+		if ev.GetModifyOperation() != nil || ev.GetValidate() != nil {
+			return &gipb.InterceptorResult{Allowed: false, Reason: "not today"}, nil
+		}
+	case "deny-post":
+		return &gipb.InterceptorResult{Allowed: false}, nil
+	}
+	res := &gipb.InterceptorResult{Allowed: true, LogAnnotations: map[string]string{"seen": ev.GetBindingId()}}
+	if ev.GetModifyOperation() != nil {
+		res.Patches = s.patches
+	}
+	return res, nil
+}
+
+func (s *server) write(ev *gipb.InterceptorEvaluation) {
+	js, err := protojson.Marshal(ev)
+	if err != nil {
+		panic(err)
+	}
+	raw, err := proto.Marshal(ev)
+	if err != nil {
+		panic(err)
+	}
+	line, _ := json.Marshal(map[string]any{"json": json.RawMessage(js), "raw": base64.StdEncoding.EncodeToString(raw)})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, _ = s.record.Write(append(line, '\n'))
+}
+
+func main() {
+	manifest := flag.String("manifest", "{}", "InterceptorManifest as ProtoJSON")
+	behavior := flag.String("behavior", "allow", "allow, deny, deny-plain, deny-post, crash or slow")
+	patches := flag.String("patches", "[]", "JSON array of JsonPatch (ProtoJSON) returned in modify_operation")
+	record := flag.String("record", "", "file the evaluations are appended to")
+	flag.Parse()
+	s := &server{behavior: *behavior, manifest: &gipb.InterceptorManifest{}}
+	if err := protojson.Unmarshal([]byte(*manifest), s.manifest); err != nil {
+		fmt.Fprintln(os.Stderr, "manifest:", err)
+		os.Exit(2)
+	}
+	var raw []json.RawMessage
+	if err := json.Unmarshal([]byte(*patches), &raw); err != nil {
+		fmt.Fprintln(os.Stderr, "patches:", err)
+		os.Exit(2)
+	}
+	for _, r := range raw {
+		p := &gipb.JsonPatch{}
+		if err := protojson.Unmarshal(r, p); err != nil {
+			fmt.Fprintln(os.Stderr, "patch:", err)
+			os.Exit(2)
+		}
+		s.patches = append(s.patches, p)
+	}
+	f, err := os.OpenFile(*record, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	s.record = f
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	g := grpc.NewServer()
+	gipb.RegisterGatewayInterceptorServer(g, s)
+	fmt.Printf("listening %s\n", ln.Addr())
+	if err := g.Serve(ln); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
