@@ -74,7 +74,6 @@ var notImplemented = []struct {
 }{
 	{key: "openshell.gateway.server_sans", flag: "server-san", what: "extra server names for the gateway (generate-certs --server-san puts names in the certificate)"},
 	{key: "openshell.gateway.oidc.jwks_ttl_secs", flag: "oidc-jwks-ttl", what: "a configurable OIDC key cache lifetime"},
-	{key: "openshell.gateway.interceptors", what: "request interceptors", set: func(f *fileRoot) bool { return f.OpenShell.Gateway.Interceptors != nil }},
 	{key: "openshell.gateway.credential_drivers", what: "credential drivers", set: func(f *fileRoot) bool { return f.OpenShell.Gateway.CredentialDrivers != nil }},
 	{key: "openshell.gateway.default_credential_driver", what: "credential drivers", set: func(f *fileRoot) bool { return f.OpenShell.Gateway.DefaultCredentialDriver != nil }},
 	{key: "openshell.gateway.credential_storage", what: "credential drivers", set: func(f *fileRoot) bool { return f.OpenShell.Gateway.CredentialStorage != nil }},

@@ -5,6 +5,8 @@ import (
 	"net"
 	"strconv"
 	"time"
+
+	"github.com/openshell-go/openshell/internal/interceptor"
 )
 
 // Defaults.
@@ -91,6 +93,10 @@ type Config struct {
 	// OTLP is the [openshell.gateway.otlp] table; nil when absent (trace
 	// export off, whatever OTEL_* variables say).
 	OTLP *OTLP
+
+	// Interceptors are the [[openshell.gateway.interceptors]] entries,
+	// checked but not yet connected (internal/interceptor.Start does that).
+	Interceptors []interceptor.Config
 
 	SSHSessionTTL    time.Duration
 	DatabaseWait     time.Duration // start-up wait for an unreachable database (0 = fail at once)

@@ -366,7 +366,7 @@ func TestNotImplementedRefused(t *testing.T) {
 	}{
 		{name: "server san flag", args: []string{"--server-san", "gw.example"}, want: "--server-san: extra server names for the gateway"},
 		{name: "jwks ttl key", toml: "[openshell.gateway.oidc]\njwks_ttl_secs = 60\n", want: "openshell.gateway.oidc.jwks_ttl_secs: a configurable OIDC key cache lifetime"},
-		{name: "interceptors", toml: "[[openshell.gateway.interceptors]]\nname = \"audit\"\n", want: "openshell.gateway.interceptors: request interceptors"},
+		{name: "invalid interceptor", toml: "[[openshell.gateway.interceptors]]\nname = \"audit\"\n", want: "openshell.gateway.interceptors: interceptor \"audit\": grpc_endpoint \"\""},
 		{name: "credential driver list", toml: "[openshell.gateway]\ncredential_drivers = [\"vault\"]\n", want: "openshell.gateway.credential_drivers: credential drivers"},
 		{name: "default credential driver", toml: "[openshell.gateway]\ndefault_credential_driver = \"vault\"\n", want: "openshell.gateway.default_credential_driver: credential drivers"},
 		{name: "credential storage", toml: "[openshell.gateway]\ncredential_storage = { key_encryption_key_env = \"K\" }\n", want: "openshell.gateway.credential_storage: credential drivers"},
@@ -712,5 +712,19 @@ func TestOTLPTable(t *testing.T) {
 	file := writeFile(t, filepath.Join(t.TempDir(), "gw.toml"), "[openshell.gateway.otlp]\nprotocol = \"http\"\n")
 	if _, err := load(t, []string{"--disable-tls", "--config", file}, nil); err == nil || !strings.Contains(err.Error(), "protocol") {
 		t.Errorf("Load(otlp.protocol) = %v, want the unknown key refused", err)
+	}
+}
+
+func TestInterceptorTables(t *testing.T) {
+	toml := "[[openshell.gateway.interceptors]]\nname = \"quota\"\ngrpc_endpoint = \"unix:///run/quota.sock\"\n" +
+		"binding_policy = \"exact\"\ntimeout = \"250ms\"\n\n[[openshell.gateway.interceptors.bindings]]\n" +
+		"rpc = \"openshell.v1.OpenShell/CreateSandbox\"\nphases = [\"modify_operation\", \"validate\"]\n"
+	cfg, err := load(t, []string{"--disable-tls", "--config", writeFile(t, filepath.Join(t.TempDir(), "gw.toml"), toml)}, nil)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if len(cfg.Interceptors) != 1 || cfg.Interceptors[0].Name != "quota" || cfg.Interceptors[0].Timeout != 250*time.Millisecond ||
+		len(cfg.Interceptors[0].Bindings) != 1 || len(cfg.Interceptors[0].Bindings[0].Phases) != 2 {
+		t.Errorf("Interceptors = %+v", cfg.Interceptors)
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/openshell-go/openshell/internal/interceptor"
 )
 
 // LookupEnv is the signature of os.LookupEnv.
@@ -548,6 +550,13 @@ func (s *settings) resolve(cfg *Config, file *fileRoot, lookupEnv LookupEnv) err
 	cfg.SandboxNamespace = deref(g.SandboxNamespace)
 	if o := g.OTLP; o != nil {
 		cfg.OTLP = &OTLP{Endpoint: deref(o.Endpoint), ServiceName: deref(o.ServiceName)}
+	}
+	if file != nil && g.Interceptors != nil {
+		ics, err := interceptor.ParseConfigs(g.Interceptors)
+		if err != nil {
+			fail("config file %s: openshell.gateway.interceptors: %v", cfg.ConfigFile, err)
+		}
+		cfg.Interceptors = ics
 	}
 	errs = append(errs, s.refuseNotImplemented(file, cfg.ConfigFile)...)
 	return errors.Join(errs...)

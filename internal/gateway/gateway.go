@@ -40,6 +40,7 @@ import (
 	"github.com/openshell-go/openshell/internal/config"
 	"github.com/openshell-go/openshell/internal/credentials"
 	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/interceptor"
 	"github.com/openshell-go/openshell/internal/lifecycle"
 	"github.com/openshell-go/openshell/internal/pki"
 	"github.com/openshell-go/openshell/internal/providers"
@@ -283,6 +284,14 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 				return []server.DriverInfo{{Name: driverName, Capabilities: caps}}, nil
 			},
 		},
+	}
+	if len(cfg.Interceptors) > 0 {
+		rt, err := interceptor.Start(ctx, interceptor.Options{Configs: cfg.Interceptors, Logger: logger, Metrics: registry})
+		if err != nil {
+			return fmt.Errorf("gateway interceptors: %w", err)
+		}
+		cleanups = append(cleanups, rt.Close)
+		srvOpts.RequestInterceptor = rt.UnaryServerInterceptor()
 	}
 	if issuer != nil {
 		srvOpts.Deps.SandboxTokens = issuer

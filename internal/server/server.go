@@ -101,6 +101,10 @@ type Options struct {
 	// the caller's W3C trace context; nil = no spans.
 	TracerProvider trace.TracerProvider
 	Deps           Deps
+
+	// RequestInterceptor runs after authentication and authorization and
+	// before the handler of every unary RPC (internal/interceptor); nil = none.
+	RequestInterceptor grpc.UnaryServerInterceptor
 }
 
 // Server is the gateway's front. Serve and Shutdown may be called from
@@ -209,7 +213,7 @@ func New(opts Options) (*Server, error) {
 			grpc.MaxRecvMsgSize(opts.MaxRecvMsgSize),
 			grpc.KeepaliveParams(keepalive.ServerParameters{Time: opts.KeepaliveInterval, Timeout: opts.KeepaliveTimeout}),
 			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: opts.KeepaliveTimeout, PermitWithoutStream: true}),
-			grpc.ChainUnaryInterceptor(p.unary),
+			grpc.ChainUnaryInterceptor(unaryChain(p, opts.RequestInterceptor)...),
 			grpc.ChainStreamInterceptor(p.stream),
 		)
 		openshellv1.RegisterOpenShellServer(g, svc)
@@ -443,4 +447,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		close(s.stopped)
 	})
 	return nil
+}
+
+// unaryChain is the gateway pipeline, then the optional request interceptor.
+func unaryChain(p *pipeline, after grpc.UnaryServerInterceptor) []grpc.UnaryServerInterceptor {
+	if after == nil {
+		return []grpc.UnaryServerInterceptor{p.unary}
+	}
+	return []grpc.UnaryServerInterceptor{p.unary, after}
 }
