@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"math/big"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -153,7 +154,8 @@ func tlsUpstream(t *testing.T, addr string, hosts []string, seen chan<- string) 
 // TestProviderCredentialResolution: a real gateway, supervisor and
 // sandbox; a github provider's token is only a placeholder inside the
 // sandbox, and curl sending it in Authorization to api.github.com (mapped
-// to a loopback HTTPS upstream on port 443 through the test-only resolver
+// to a loopback HTTPS upstream on port 443 (needs root or
+// CAP_NET_BIND_SERVICE; under CI=true it fails without) through the test-only resolver
 // and CA overrides; the TLS tunnel is terminated by the egress proxy)
 // reaches the upstream with the real value. The same placeholder to
 // another allowed host is 403 credential_endpoint_mismatch, logged without
@@ -164,10 +166,11 @@ func TestProviderCredentialResolution(t *testing.T) {
 	curl := requireCurl(t)
 	gh := make(chan string, 64)
 	// Port 443 as the github profile names it, on a loopback address of
-	// its own.
-	caFile := tlsUpstream(t, "127.0.0.77:443", []string{"api.github.com"}, gh)
+	// its own (random, so that concurrent runs do not collide).
+	lo := fmt.Sprintf("127.%d.%d.%d", 1+mrand.IntN(254), 1+mrand.IntN(254), 1+mrand.IntN(254))
+	caFile := tlsUpstream(t, lo+":443", []string{"api.github.com"}, gh)
 	_, otherSeen, otherPort, otherPortN := recordingUpstream(t, false)
-	g := Start(t, Options{Env: []string{"OPENSHELL_EGRESS_TEST_HOSTS=api.github.com=127.0.0.77,other.test=127.0.0.1", "OPENSHELL_EGRESS_TEST_CA_FILE=" + caFile}})
+	g := Start(t, Options{Env: []string{"OPENSHELL_EGRESS_TEST_HOSTS=api.github.com=" + lo + ",other.test=127.0.0.1", "OPENSHELL_EGRESS_TEST_CA_FILE=" + caFile}})
 	c := g.Client()
 	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
 	defer cancel()
@@ -178,7 +181,7 @@ func TestProviderCredentialResolution(t *testing.T) {
 		t.Fatalf("CreateProvider: %v", err)
 	}
 	pol := egressPolicy(map[string]*sandboxv1.NetworkPolicyRule{
-		"github": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.github.com", Port: 443, AllowedIps: []string{"127.0.0.77"},
+		"github": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.github.com", Port: 443, AllowedIps: []string{lo},
 			Protocol: "rest", Tls: "terminate", Enforcement: "enforce", Access: "full"}},
 			Binaries: []*sandboxv1.NetworkBinary{{Path: curl}}},
 		"other": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "other.test", Port: otherPortN, AllowedIps: []string{"127.0.0.1"}}},
