@@ -7,6 +7,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -325,5 +326,40 @@ func TestUnstartedContainerSwept(t *testing.T) {
 	}
 	if _, err := d2.Get(t.Context(), compute.Ref{ID: id}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Get(interrupted create) = %v, want NotFound", err)
+	}
+}
+
+// TestConcurrentCreateSameName: of several creates of one name under
+// different ids at once, exactly one succeeds; the others are
+// AlreadyExists and leave nothing behind.
+func TestConcurrentCreateSameName(t *testing.T) {
+	e := newEnv(t)
+	d := e.open(t, nil)
+	cleanupSandboxes(t, d)
+	name := computetest.NewName()
+	const n = 4
+	ids := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		ids[i] = computetest.NewID()
+		wg.Go(func() { errs[i] = d.Create(t.Context(), goodSandbox(ids[i], name)) })
+	}
+	wg.Wait()
+	ok := 0
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, errdefs.ErrAlreadyExists):
+			if c := containersOf(t, e.cli, ids[i]); len(c) != 0 {
+				t.Errorf("refused create %s left containers %+v", ids[i], c)
+			}
+		default:
+			t.Errorf("Create(%s) = %v, want nil or AlreadyExists", ids[i], err)
+		}
+	}
+	if ok != 1 {
+		t.Errorf("%d creates of %s succeeded, want exactly 1 (errors %v)", ok, name, errs)
 	}
 }

@@ -405,6 +405,10 @@ func (d *Driver) Create(ctx context.Context, sb compute.Sandbox) error {
 	}
 	unlock := d.op(sb.ID)
 	defer unlock()
+	// Names are unique too: two creates of one name under different ids
+	// must not both pass checkUnique.
+	unlockName := d.op("name\x00" + sb.Name)
+	defer unlockName()
 	if err := d.checkUnique(ctx, sb); err != nil {
 		return err
 	}
