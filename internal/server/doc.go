@@ -2,7 +2,9 @@
 // gRPC and HTTP (TLS sniffed on the first bytes, gRPC told from HTTP by the
 // content-type of the first request), the interceptors every RPC passes
 // (request id, panic recovery, authentication and authorization, rate
-// limit, metrics, error conversion, access log), the gRPC services and the
+// limit, metrics, error conversion, access log, the OpenTelemetry server
+// span when Options.TracerProvider is set, the security event when
+// Options.SecurityEvents is set), the gRPC services and the
 // HTTP routes (/healthz, /readyz, /metrics, /.well-known/jwks.json).
 //
 // Handlers of the OpenShell service live in this package as methods of
