@@ -68,7 +68,7 @@ type Driver struct {
 	cli       *client.Client
 	gatewayID string
 
-	ops sync.Map // sandbox id -> *sync.Mutex: serializes create/start/stop/delete
+	ops keyedMutex // by sandbox id (create/start/stop/delete) and by name (create)
 
 	mu      sync.Mutex
 	closed  bool
@@ -367,12 +367,7 @@ func (d *Driver) apiError(what string, err error) error {
 	return fmt.Errorf("docker driver: %s: %w", what, err)
 }
 
-func (d *Driver) op(id string) func() {
-	m, _ := d.ops.LoadOrStore(id, &sync.Mutex{})
-	mu := m.(*sync.Mutex)
-	mu.Lock()
-	return mu.Unlock
-}
+func (d *Driver) op(key string) func() { return d.ops.lock(key) }
 
 func containerName(id string) string { return "openshell-" + id }
 func volumeName(id string) string    { return "openshell-" + id + "-workspace" }
