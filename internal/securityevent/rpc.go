@@ -74,6 +74,8 @@ var rpcs = map[string]spec{
 	svc + "DeleteWorkspace":          {ConfigStateChange, ActivityLog, "workspace delete", fillWorkspaceByName},
 	svc + "AddWorkspaceMember":       {ConfigStateChange, ActivityLog, "workspace member add", fillMember},
 	svc + "RemoveWorkspaceMember":    {ConfigStateChange, ActivityLog, "workspace member remove", fillMember},
+	svc + "ExposeService":            {ConfigStateChange, ActivityLog, "service expose", fillService},
+	svc + "DeleteService":            {ConfigStateChange, ActivityLog, "service delete", fillService},
 }
 
 // Watches reports whether method produces an event of its own when it
@@ -337,5 +339,19 @@ func fillMember(ev *Event, req, _ any) {
 		setField(ev, "role", r.GetRole().String())
 	case *openshellv1.RemoveWorkspaceMemberRequest:
 		setField(ev, "member", r.GetPrincipalSubject())
+	}
+}
+
+// fillService names the sandbox, the service and (on expose) the port.
+func fillService(ev *Event, req, _ any) {
+	fillWorkspace(ev, req, nil)
+	switch r := req.(type) {
+	case *openshellv1.ExposeServiceRequest:
+		ev.SandboxName = r.GetSandbox()
+		setField(ev, "service", r.GetService())
+		setField(ev, "target_port", strconv.FormatUint(uint64(r.GetTargetPort()), 10))
+	case *openshellv1.DeleteServiceRequest:
+		ev.SandboxName = r.GetSandbox()
+		setField(ev, "service", r.GetService())
 	}
 }
