@@ -55,7 +55,7 @@ type fake struct {
 
 // startFake runs fakeinterceptor with the manifest (ProtoJSON), behavior
 // and patches (JSON array) and waits until it listens.
-func startFake(t *testing.T, manifest, behavior, patches string) *fake {
+func startFake(t testing.TB, manifest, behavior, patches string) *fake {
 	t.Helper()
 	if patches == "" {
 		patches = "[]"
@@ -183,8 +183,8 @@ func (a *fakeAPI) UpdateConfig(_ context.Context, r *openshellv1.UpdateConfigReq
 }
 
 // serve starts an OpenShell gRPC server whose chain is: a stand-in for the
-// gateway's authentication (a user principal), then rt.
-func serve(t *testing.T, rt *Runtime) (openshellv1.OpenShellClient, *grpc.ClientConn, *fakeAPI) {
+// gateway's authentication (a user principal), then rt (if not nil).
+func serve(t testing.TB, rt *Runtime) (openshellv1.OpenShellClient, *grpc.ClientConn, *fakeAPI) {
 	t.Helper()
 	api := &fakeAPI{}
 	authn := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
@@ -194,7 +194,11 @@ func serve(t *testing.T, rt *Runtime) (openshellv1.OpenShellClient, *grpc.Client
 		}
 		return resp, err
 	}
-	g := grpc.NewServer(grpc.ChainUnaryInterceptor(authn, rt.UnaryServerInterceptor()))
+	chain := []grpc.UnaryServerInterceptor{authn}
+	if rt != nil {
+		chain = append(chain, rt.UnaryServerInterceptor())
+	}
+	g := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
 	openshellv1.RegisterOpenShellServer(g, api)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,7 +11,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -198,12 +198,13 @@ func (r *Runtime) denied(ctx context.Context, b binding, res *gipb.InterceptorRe
 	return status.Error(code, reason)
 }
 
+// toStruct turns a ProtoJSON object into a Struct.
 func toStruct(js []byte) (*structpb.Struct, error) {
-	st := &structpb.Struct{}
-	if err := protojson.Unmarshal(js, st); err != nil {
+	var m map[string]any
+	if err := json.Unmarshal(js, &m); err != nil {
 		return nil, err
 	}
-	return st, nil
+	return structpb.NewStruct(m)
 }
 
 // principalMap is the non-secret summary of the caller.

@@ -63,6 +63,9 @@ func (s *server) Evaluate(_ context.Context, ev *gipb.InterceptorEvaluation) (*g
 }
 
 func (s *server) write(ev *gipb.InterceptorEvaluation) {
+	if s.behavior == "noop" { // the benchmark's interceptor: allow, record nothing
+		return
+	}
 	js, err := protojson.Marshal(ev)
 	if err != nil {
 		panic(err)
@@ -79,7 +82,7 @@ func (s *server) write(ev *gipb.InterceptorEvaluation) {
 
 func main() {
 	manifest := flag.String("manifest", "{}", "InterceptorManifest as ProtoJSON")
-	behavior := flag.String("behavior", "allow", "allow, deny, deny-plain, deny-post, crash or slow")
+	behavior := flag.String("behavior", "allow", "allow, noop (allow, record nothing), deny, deny-plain, deny-post, crash or slow")
 	patches := flag.String("patches", "[]", "JSON array of JsonPatch (ProtoJSON) returned in modify_operation")
 	record := flag.String("record", "", "file the evaluations are appended to")
 	flag.Parse()
