@@ -1,0 +1,215 @@
+package gatewaytest
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
+	gipb "github.com/openshell-go/openshell/api/openshell/gateway_interceptor/v1"
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+)
+
+var (
+	fakeICOnce sync.Once
+	fakeICPath string
+	fakeICErr  error
+)
+
+// fakeInterceptor builds internal/interceptor/testdata/fakeinterceptor once.
+func fakeInterceptor(t *testing.T) string {
+	t.Helper()
+	fakeICOnce.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		root := filepath.Join(filepath.Dir(file), "..", "..")
+		dir, err := os.MkdirTemp(baseDir(t), "fakeic-")
+		if err != nil {
+			fakeICErr = err
+			return
+		}
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "fakeinterceptor"), "./internal/interceptor/testdata/fakeinterceptor")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			fakeICErr = fmt.Errorf("go build fakeinterceptor: %w\n%s", err, out)
+			return
+		}
+		fakeICPath = filepath.Join(dir, "fakeinterceptor")
+	})
+	if fakeICErr != nil {
+		t.Fatal(fakeICErr)
+	}
+	return fakeICPath
+}
+
+// runInterceptor starts the fake with a manifest and behavior; it returns
+// its http:// endpoint and its record file.
+func runInterceptor(t *testing.T, manifest *gipb.InterceptorManifest, behavior, patches string) (string, string) {
+	t.Helper()
+	m, err := protojson.Marshal(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := filepath.Join(TempDir(t), "record.jsonl")
+	cmd := exec.Command(fakeInterceptor(t), "-manifest", string(m), "-behavior", behavior, "-patches", patches, "-record", rec)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("fakeinterceptor did not start: %v", err)
+	}
+	return "http://" + strings.TrimSpace(strings.TrimPrefix(line, "listening ")), rec
+}
+
+func interceptorConfig(t *testing.T, name, endpoint string) string {
+	t.Helper()
+	return writeConfig(t, fmt.Sprintf("[[openshell.gateway.interceptors]]\nname = %q\ngrpc_endpoint = %q\nallow_insecure_transport = true\ntimeout = \"5s\"\n", name, endpoint))
+}
+
+func writeConfig(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(TempDir(t), "gateway.toml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func recorded(t *testing.T, rec string) []*gipb.InterceptorEvaluation {
+	t.Helper()
+	b, err := os.ReadFile(rec)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var evs []*gipb.InterceptorEvaluation
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if l == "" {
+			continue
+		}
+		var line struct {
+			JSON json.RawMessage `json:"json"`
+		}
+		if err := json.Unmarshal([]byte(l), &line); err != nil {
+			t.Fatal(err)
+		}
+		ev := &gipb.InterceptorEvaluation{}
+		if err := protojson.Unmarshal(line.JSON, ev); err != nil {
+			t.Fatal(err)
+		}
+		evs = append(evs, ev)
+	}
+	return evs
+}
+
+const createProviderRPC = "openshell.v1.OpenShell/CreateProvider"
+
+func binding(id string, policy string, phases ...gipb.GatewayInterceptorPhase) *gipb.InterceptorBinding {
+	return &gipb.InterceptorBinding{Id: id, Selector: &gipb.InterceptorSelector{Rpc: createProviderRPC}, Phases: phases, FailurePolicy: policy}
+}
+
+func newProvider(name string) *openshellv1.CreateProviderRequest {
+	return &openshellv1.CreateProviderRequest{Provider: &datamodelv1.Provider{
+		Metadata: &datamodelv1.ObjectMeta{Name: name, Labels: map[string]string{"team": "infra"}},
+		Type:     "github", Credentials: map[string]string{"GITHUB_TOKEN": "ghp_interceptor-e2e-secret"},
+	}}
+}
+
+// TestGatewayInterceptorModifies: the real gateway, configured with an
+// interceptor that renames a label, stores the renamed label; the
+// interceptor sees the authenticated caller and never the credential; a
+// post_commit binding observes the stored provider.
+func TestGatewayInterceptorModifies(t *testing.T) {
+	ep, rec := runInterceptor(t, &gipb.InterceptorManifest{Name: "labels", Bindings: []*gipb.InterceptorBinding{
+		binding("rename", "", gipb.GatewayInterceptorPhase_GATEWAY_INTERCEPTOR_PHASE_MODIFY_OPERATION),
+		binding("observe", "fail_open", gipb.GatewayInterceptorPhase_GATEWAY_INTERCEPTOR_PHASE_POST_COMMIT),
+	}}, "allow", `[{"op":"move","from":"/provider/metadata/labels/team","path":"/provider/metadata/labels/owner"}]`)
+	g := Start(t, Options{ExtraArgs: []string{"--config", interceptorConfig(t, "labels", ep)}})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if _, err := c.CreateProvider(ctx, newProvider("gh")); err != nil {
+		t.Fatalf("CreateProvider: %v", err)
+	}
+	got, err := c.GetProvider(ctx, &openshellv1.GetProviderRequest{Name: "gh"})
+	if err != nil {
+		t.Fatalf("GetProvider: %v", err)
+	}
+	if l := got.GetProvider().GetMetadata().GetLabels(); l["owner"] != "infra" || l["team"] != "" {
+		t.Errorf("stored labels = %v, want owner=infra only", l)
+	}
+	evs := recorded(t, rec)
+	if len(evs) != 2 || evs[0].GetModifyOperation() == nil || evs[1].GetPostCommit() == nil {
+		t.Fatalf("interceptor got %d evaluations %v, want modify_operation then post_commit", len(evs), evs)
+	}
+	if evs[0].GetPrincipal()["kind"] != "user" || evs[0].GetPrincipal()["subject"] == "" {
+		t.Errorf("principal = %v, want the authenticated user", evs[0].GetPrincipal())
+	}
+	b, _ := os.ReadFile(rec)
+	if strings.Contains(string(b), "ghp_interceptor-e2e-secret") || strings.Contains(string(b), "GITHUB_TOKEN") {
+		t.Error("the credential reached the interceptor")
+	}
+	if !strings.Contains(g.Logs(), "gateway interceptors initialized") {
+		t.Error("gateway log lacks the interceptor start-up line")
+	}
+}
+
+// TestGatewayInterceptorVetoes: a validate veto answers FailedPrecondition
+// with the interceptor's reason and nothing is stored.
+func TestGatewayInterceptorVetoes(t *testing.T) {
+	ep, _ := runInterceptor(t, &gipb.InterceptorManifest{Name: "veto", Bindings: []*gipb.InterceptorBinding{
+		binding("veto", "", gipb.GatewayInterceptorPhase_GATEWAY_INTERCEPTOR_PHASE_VALIDATE),
+	}}, "deny", "[]")
+	g := Start(t, Options{ExtraArgs: []string{"--config", interceptorConfig(t, "veto", ep)}})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	_, err := c.CreateProvider(ctx, newProvider("gh"))
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "vetoed by policy") {
+		t.Fatalf("CreateProvider = %v, want FailedPrecondition with the veto reason", err)
+	}
+	if _, err := c.GetProvider(ctx, &openshellv1.GetProviderRequest{Name: "gh"}); status.Code(err) != codes.NotFound {
+		t.Errorf("GetProvider after a veto = %v, want NotFound", err)
+	}
+}
+
+// TestGatewayRefusesInvalidInterceptor: a manifest binding a read RPC
+// stops the gateway at start-up with a message naming the interceptor.
+func TestGatewayRefusesInvalidInterceptor(t *testing.T) {
+	ep, _ := runInterceptor(t, &gipb.InterceptorManifest{Name: "bad", Bindings: []*gipb.InterceptorBinding{
+		{Id: "read", Selector: &gipb.InterceptorSelector{Rpc: "openshell.v1.OpenShell/GetProvider"}, Phases: []gipb.GatewayInterceptorPhase{gipb.GatewayInterceptorPhase_GATEWAY_INTERCEPTOR_PHASE_VALIDATE}},
+	}}, "allow", "[]")
+	dir := TempDir(t)
+	cmd := exec.Command(filepath.Join(BinDir(t), "openshell-gateway"), "--disable-tls", "--port", strconv.Itoa(freePort(t)), "--bind-address", "127.0.0.1",
+		"--db-url", "sqlite:"+filepath.Join(dir, "openshell.db"), "--state-dir", dir, "--config", interceptorConfig(t, "bad", ep))
+	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+filepath.Join(dir, "config"))
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if err == nil || !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("gateway = %v, want exit status 1\n%s", err, out)
+	}
+	want := `interceptor "bad": binding "read": rpc "openshell.v1.OpenShell/GetProvider" is not interceptable`
+	if !strings.Contains(string(out), want) {
+		t.Errorf("gateway output lacks %q:\n%s", want, out)
+	}
+}
