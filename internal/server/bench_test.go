@@ -139,7 +139,7 @@ func BenchmarkTracing(b *testing.B) {
 	sid, _ := trace.SpanIDFromHex("b7ad6b7169203331")
 	md := metadata.MD{}
 	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(b.Context(),
-		trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true})), mdCarrier(md))
+		trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true})), telemetry.MetadataCarrier(md))
 	ctx := metadata.NewOutgoingContext(b.Context(), md)
 	call := func(c openshellv1.OpenShellClient) {
 		if _, err := c.GetCurrentUser(ctx, &openshellv1.GetCurrentUserRequest{}); err != nil {

@@ -56,7 +56,7 @@ func TestTraceSpansExported(t *testing.T) {
 	sid, _ := trace.SpanIDFromHex("b7ad6b7169203331")
 	parent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true})
 	md := metadata.MD{}
-	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(t.Context(), parent), mdCarrier(md))
+	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(t.Context(), parent), telemetry.MetadataCarrier(md))
 	ctx := metadata.NewOutgoingContext(t.Context(), md)
 
 	var hdr metadata.MD
@@ -147,21 +147,4 @@ func TestTraceMalformedEndpointDisablesExport(t *testing.T) {
 	if prov := telemetry.Setup(t.Context(), nil, testLogger(t), env); prov.Enabled {
 		t.Error("Setup(no table, OTEL_EXPORTER_OTLP_ENDPOINT set) enabled export")
 	}
-}
-
-type mdCarrier metadata.MD
-
-func (c mdCarrier) Get(k string) string {
-	if v := metadata.MD(c).Get(k); len(v) > 0 {
-		return v[0]
-	}
-	return ""
-}
-func (c mdCarrier) Set(k, v string) { metadata.MD(c).Set(k, v) }
-func (c mdCarrier) Keys() []string {
-	var ks []string
-	for k := range c {
-		ks = append(ks, k)
-	}
-	return ks
 }

@@ -24,19 +24,22 @@ const (
 	attrCode      = "rpc.grpc.status_code"
 )
 
-// mdCarrier adapts gRPC metadata to the propagator.
-type mdCarrier metadata.MD
+// MetadataCarrier adapts gRPC metadata to a TextMapPropagator.
+type MetadataCarrier metadata.MD
 
-func (c mdCarrier) Get(k string) string {
+// Get returns the first value of k.
+func (c MetadataCarrier) Get(k string) string {
 	if v := metadata.MD(c).Get(k); len(v) > 0 {
 		return v[0]
 	}
 	return ""
 }
 
-func (c mdCarrier) Set(k, v string) { metadata.MD(c).Set(k, v) }
+// Set replaces k's values with v.
+func (c MetadataCarrier) Set(k, v string) { metadata.MD(c).Set(k, v) }
 
-func (c mdCarrier) Keys() []string {
+// Keys lists the keys.
+func (c MetadataCarrier) Keys() []string {
 	keys := make([]string, 0, len(c))
 	for k := range c {
 		keys = append(keys, k)
@@ -62,7 +65,7 @@ func splitMethod(full string) (name string, attrs []attribute.KeyValue) {
 // new trace without one), carrying requestID.
 func StartServerSpan(ctx context.Context, tracer trace.Tracer, fullMethod, requestID string) (context.Context, trace.Span) {
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		ctx = Propagator.Extract(ctx, mdCarrier(md))
+		ctx = Propagator.Extract(ctx, MetadataCarrier(md))
 	}
 	name, attrs := splitMethod(fullMethod)
 	attrs = append(attrs, attribute.String(AttrRequestID, requestID))
@@ -108,7 +111,7 @@ func startClientSpan(ctx context.Context, fullMethod string) (context.Context, t
 	} else {
 		md = metadata.MD{}
 	}
-	Propagator.Inject(ctx, mdCarrier(md))
+	Propagator.Inject(ctx, MetadataCarrier(md))
 	return metadata.NewOutgoingContext(ctx, md), span
 }
 
