@@ -91,6 +91,8 @@ type app struct {
 	gatewayEndpoint string
 	gatewayInsecure bool
 	workspace       string
+	// workspaceLoaded records that ws() consulted the registry once.
+	workspaceLoaded bool
 	output          string
 	verbose         bool
 	debug           bool
@@ -188,15 +190,40 @@ func (a *app) stdoutTerminal() bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
-// ws is the workspace requests name; empty means the gateway default.
-func (a *app) ws() string { return a.workspace }
+// ws is the workspace requests name: --workspace, else OPENSHELL_WORKSPACE,
+// else the default workspace registered for the selected gateway
+// ('openshell workspace use'); empty means the gateway's default.
+func (a *app) ws() string {
+	if a.workspace == "" && !a.workspaceLoaded {
+		a.workspaceLoaded = true
+		a.workspace = a.registeredWorkspace()
+	}
+	return a.workspace
+}
+
+// registeredWorkspace is the default workspace stored with the gateway this
+// invocation selects by name (--gateway, OPENSHELL_GATEWAY, active_gateway
+// or the only registered one); "" when there is none or no registered
+// gateway is selected. It reads the registry only: no dialing, no token
+// refresh.
+func (a *app) registeredWorkspace() string {
+	name, err := a.selectedGatewayName()
+	if err != nil || name == "" {
+		return ""
+	}
+	e, err := a.newRegistry().Get(name)
+	if err != nil {
+		return ""
+	}
+	return e.Workspace
+}
 
 // wsDisplay is the workspace shown in messages.
 func (a *app) wsDisplay() string {
-	if a.workspace == "" {
+	if a.ws() == "" {
 		return "default"
 	}
-	return a.workspace
+	return a.ws()
 }
 
 func (a *app) newRootCmd() *cobra.Command {

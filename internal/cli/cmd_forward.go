@@ -173,8 +173,8 @@ func (a *app) startBackgroundForward(ctx context.Context, name string, local, re
 	if a.gatewayInsecure {
 		args = append(args, "--gateway-insecure")
 	}
-	if a.workspace != "" {
-		args = append(args, "--workspace", a.workspace)
+	if ws := a.ws(); ws != "" {
+		args = append(args, "--workspace", ws)
 	}
 	args = append(args, "forward", "start", name, fmt.Sprintf("%d:%d", local, remote))
 	logPath := filepath.Join(dir, fmt.Sprintf("%d.log", local))
@@ -216,7 +216,7 @@ func (a *app) startBackgroundForward(ctx context.Context, name string, local, re
 	if a.target != nil {
 		gw = a.target.Name
 	}
-	st := forwardState{PID: child.Process.Pid, Sandbox: name, Workspace: a.workspace, Gateway: gw, Local: local, Remote: remote, LogFile: logPath, StartedAt: a.now().UTC()}
+	st := forwardState{PID: child.Process.Pid, Sandbox: name, Workspace: a.ws(), Gateway: gw, Local: local, Remote: remote, LogFile: logPath, StartedAt: a.now().UTC()}
 	b, _ := json.MarshalIndent(st, "", "  ")
 	if err := atomicfile.Write(statePath, append(b, '\n'), 0o600); err != nil {
 		return err

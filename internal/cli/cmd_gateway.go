@@ -82,6 +82,8 @@ type gatewayView struct {
 	Active   bool   `json:"active"`
 	Source   string `json:"source"`
 	Dir      string `json:"dir"`
+	// Workspace is the default workspace set with 'workspace use'.
+	Workspace string `json:"workspace,omitempty"`
 }
 
 func viewOf(e gatewayEntry, active string) gatewayView {
@@ -100,7 +102,7 @@ func viewOf(e gatewayEntry, active string) gatewayView {
 	if e.System {
 		src = "system"
 	}
-	return gatewayView{Name: e.Name, Endpoint: e.Endpoint, Auth: auth, Active: e.Name == active, Source: src, Dir: e.Dir}
+	return gatewayView{Name: e.Name, Endpoint: e.Endpoint, Auth: auth, Active: e.Name == active, Source: src, Dir: e.Dir, Workspace: e.Workspace}
 }
 
 // printPlain prints v as JSON or YAML for -o json|yaml.
@@ -213,6 +215,9 @@ func (a *app) newGatewayInfoCmd() *cobra.Command {
 				}
 				tw := newTable(a.stdout)
 				_, _ = fmt.Fprintf(tw, "Name:\t%s\nEndpoint:\t%s\nAuth:\t%s\nActive:\t%v\nSource:\t%s\nDirectory:\t%s\n", v.Name, v.Endpoint, v.Auth, v.Active, v.Source, v.Dir)
+				if v.Workspace != "" {
+					_, _ = fmt.Fprintf(tw, "Default workspace:\t%s\n", v.Workspace)
+				}
 				return tw.Flush()
 			}
 			t, err := a.resolveGateway()

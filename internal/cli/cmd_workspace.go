@@ -23,11 +23,12 @@ func (a *app) newWorkspaceCmd() *cobra.Command {
 		Short:   "Manage workspaces and their members",
 		Long: `Manage workspaces: the scopes sandboxes and other resources live in.
 
-Other commands act in the workspace given by --workspace (env
-OPENSHELL_WORKSPACE; default: the gateway's "default" workspace).`,
+Other commands act in the workspace given by --workspace, else env
+OPENSHELL_WORKSPACE, else the default set for the selected gateway with
+"openshell workspace use", else the gateway's "default" workspace.`,
 		RunE: groupRunE,
 	}
-	cmd.AddCommand(a.newWorkspaceCreateCmd(), a.newWorkspaceListCmd(), a.newWorkspaceGetCmd(), a.newWorkspaceDeleteCmd(), a.newWorkspaceMemberCmd())
+	cmd.AddCommand(a.newWorkspaceCreateCmd(), a.newWorkspaceListCmd(), a.newWorkspaceGetCmd(), a.newWorkspaceDeleteCmd(), a.newWorkspaceUseCmd(), a.newWorkspaceMemberCmd())
 	return cmd
 }
 
@@ -167,6 +168,58 @@ func (a *app) newWorkspaceGetCmd() *cobra.Command {
 			return tw.Flush()
 		},
 	}
+}
+
+func (a *app) newWorkspaceUseCmd() *cobra.Command {
+	var clear bool
+	cmd := &cobra.Command{
+		Use:   "use [NAME]",
+		Short: "Set this machine's default workspace for the selected gateway",
+		Long: `Store NAME as the default workspace of the selected registered gateway
+(--gateway, OPENSHELL_GATEWAY or the active gateway), in its metadata.json
+under the key "workspace". Commands then act in NAME unless --workspace or
+OPENSHELL_WORKSPACE says otherwise. The workspace must exist on the gateway.
+
+OpenShell's own CLI and SDKs do not read this key: they act in the workspace
+of --workspace or OPENSHELL_WORKSPACE only, so set OPENSHELL_WORKSPACE when
+you switch between clients. --clear removes the default.`,
+		Args:              argsUsage(cobra.MaximumNArgs(1)),
+		ValidArgsFunction: a.completeWorkspaces,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if clear == (len(args) == 1) {
+				return usagef("give a workspace NAME or --clear")
+			}
+			gw, err := a.selectedGatewayName()
+			if err != nil {
+				return err
+			}
+			if gw == "" {
+				return fmt.Errorf("no registered gateway is selected: a default workspace is stored with a registered gateway (see 'openshell gateway add' and 'openshell gateway select')")
+			}
+			reg := a.newRegistry()
+			if clear {
+				if err := reg.SetWorkspace(gw, ""); err != nil {
+					return err
+				}
+				_, _ = fmt.Fprintf(a.stdout, "Gateway %q has no default workspace now\n", gw)
+				return nil
+			}
+			c, err := a.gateway()
+			if err != nil {
+				return err
+			}
+			if _, err := c.GetWorkspace(cmd.Context(), &openshellv1.GetWorkspaceRequest{Name: args[0]}); err != nil {
+				return a.workspaceRPCError(err, args[0])
+			}
+			if err := reg.SetWorkspace(gw, args[0]); err != nil {
+				return err
+			}
+			_, _ = fmt.Fprintf(a.stdout, "Default workspace of gateway %q: %s\n", gw, args[0])
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&clear, "clear", false, "remove the default workspace")
+	return cmd
 }
 
 func (a *app) newWorkspaceDeleteCmd() *cobra.Command {

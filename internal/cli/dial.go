@@ -107,6 +107,28 @@ func (a *app) resolveGateway() (gatewayTarget, error) {
 	}
 }
 
+// selectedGatewayName is the registry name resolveGateway would use, read
+// without side effects: --gateway, else nothing for an explicit
+// --gateway-endpoint, else active_gateway, else the only registered
+// gateway; "" when none applies.
+func (a *app) selectedGatewayName() (string, error) {
+	if a.gatewayName != "" {
+		return a.gatewayName, nil
+	}
+	if a.gatewayEndpoint != "" {
+		return "", nil
+	}
+	reg := a.newRegistry()
+	if name := reg.Active(); name != "" {
+		return name, nil
+	}
+	all, err := reg.List()
+	if err != nil || len(all) != 1 {
+		return "", err
+	}
+	return all[0].Name, nil
+}
+
 // applyAuthMode sets t's credentials from the entry's auth_mode: mtls and
 // plaintext need nothing more; oidc sends the access token stored by
 // 'gateway login' (over https only), refreshed when it expires within 30 s;

@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"encoding/json"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -103,6 +105,50 @@ func TestWorkspaceCommandsRealGateway(t *testing.T) {
 	// Sandbox commands honour --workspace.
 	if r := tt.run("--workspace", "team-b", "sandbox", "list"); r.err != nil || !strings.Contains(r.stderr, `No sandboxes in workspace "team-b"`) {
 		t.Errorf("sandbox list in team-b: %q %v", r.stderr, r.err)
+	}
+
+	// A default workspace stored with the registered gateway.
+	meta := filepath.Join(tt.env["XDG_CONFIG_HOME"], "openshell", "gateways", "real", "metadata.json")
+	before, err := os.ReadFile(meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := tt.run("workspace", "use", "nope"); r.err == nil || r.err.Error() != `workspace "nope" not found` {
+		t.Errorf("use nope: %v", r.err)
+	}
+	if after, _ := os.ReadFile(meta); string(after) != string(before) {
+		t.Errorf("a refused 'workspace use' changed metadata.json:\n%s", after)
+	}
+	if r := tt.run("workspace", "use"); r.code() != 2 {
+		t.Errorf("use without NAME or --clear: %v (code %d)", r.err, r.code())
+	}
+	if out := mustRun(t, tt, "workspace", "use", "team-b"); out != "Default workspace of gateway \"real\": team-b\n" {
+		t.Errorf("use team-b = %q", out)
+	}
+	var stored map[string]any
+	if b, err := os.ReadFile(meta); err != nil || json.Unmarshal(b, &stored) != nil {
+		t.Fatalf("read metadata.json: %v", err)
+	}
+	if stored["workspace"] != "team-b" || stored["gateway_endpoint"] == nil {
+		t.Errorf("metadata.json = %v, want workspace team-b next to OpenShell's keys", stored)
+	}
+	if out := mustRun(t, tt, "gateway", "info", "real"); !strings.Contains(strings.Join(strings.Fields(out), " "), "Default workspace: team-b") {
+		t.Errorf("gateway info = %q", out)
+	}
+	if r := tt.run("sandbox", "list"); r.err != nil || !strings.Contains(r.stderr, `No sandboxes in workspace "team-b"`) {
+		t.Errorf("sandbox list with default team-b: %q %v", r.stderr, r.err)
+	}
+	if r := tt.run("--workspace", "default", "sandbox", "list"); r.err != nil || !strings.Contains(r.stderr, `No sandboxes in workspace "default"`) {
+		t.Errorf("--workspace overrides the stored default: %q %v", r.stderr, r.err)
+	}
+	tt.env["OPENSHELL_WORKSPACE"] = "default"
+	if r := tt.run("sandbox", "list"); r.err != nil || !strings.Contains(r.stderr, `No sandboxes in workspace "default"`) {
+		t.Errorf("OPENSHELL_WORKSPACE overrides the stored default: %q %v", r.stderr, r.err)
+	}
+	delete(tt.env, "OPENSHELL_WORKSPACE")
+	mustRun(t, tt, "workspace", "use", "--clear")
+	if r := tt.run("sandbox", "list"); r.err != nil || !strings.Contains(r.stderr, `No sandboxes in workspace "default"`) {
+		t.Errorf("sandbox list after --clear: %q %v", r.stderr, r.err)
 	}
 
 	if out := mustRun(t, tt, "workspace", "delete", "team-a", "team-b"); out != "Deleted workspace team-a\nDeleted workspace team-b\n" {

@@ -58,6 +58,10 @@ type gatewayMeta struct {
 	OIDCScopes       string `json:"oidc_scopes,omitempty"`
 	VMDriverStateDir string `json:"vm_driver_state_dir,omitempty"`
 	Insecure         bool   `json:"insecure,omitempty"`
+	// Workspace is this CLI's default workspace for the gateway (set by
+	// 'openshell workspace use'). OpenShell's clients ignore the key: they
+	// take the workspace from --workspace or OPENSHELL_WORKSPACE only.
+	Workspace string `json:"workspace,omitempty"`
 }
 
 // Auth modes of metadata.json (OpenShell's values).
@@ -357,6 +361,24 @@ func (r *registry) Select(name string) error {
 		return err
 	}
 	return atomicfile.Write(filepath.Join(r.userDir, "active_gateway"), []byte(name+"\n"), 0o600)
+}
+
+// SetWorkspace stores ws as the default workspace of the user-registered
+// gateway name ("" clears it). Entries under the system root are read-only.
+func (r *registry) SetWorkspace(name, ws string) error {
+	e, err := r.Get(name)
+	if err != nil {
+		return err
+	}
+	if e.System {
+		return fmt.Errorf("gateway %q is registered system-wide (%s): its default workspace cannot be changed here; use --workspace or OPENSHELL_WORKSPACE", name, e.Dir)
+	}
+	e.gatewayMeta.Workspace = ws
+	b, err := marshalGatewayMeta(e.gatewayMeta)
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(filepath.Join(e.Dir, "metadata.json"), b, 0o600)
 }
 
 // addOptions are the inputs of Add.
