@@ -373,7 +373,7 @@ func (r *registry) SetWorkspace(name, ws string) error {
 	if e.System {
 		return fmt.Errorf("gateway %q is registered system-wide (%s): its default workspace cannot be changed here; use --workspace or OPENSHELL_WORKSPACE", name, e.Dir)
 	}
-	e.gatewayMeta.Workspace = ws
+	e.Workspace = ws
 	b, err := marshalGatewayMeta(e.gatewayMeta)
 	if err != nil {
 		return err
