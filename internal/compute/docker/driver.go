@@ -689,6 +689,9 @@ func (d *Driver) Stop(ctx context.Context, ref compute.Ref) error {
 // its workspace volume.
 func (d *Driver) Start(ctx context.Context, ref compute.Ref) error {
 	if p := d.pendingOf(ref); p != nil {
+		if c, _ := readyCondition(*p); c.Reason != "Pulling" {
+			return errdefs.FailedPrecondition(fmt.Sprintf("sandbox %s cannot start: %s", p.ID, c.Message))
+		}
 		return nil // it starts once its image is there
 	}
 	c, err := d.find(ctx, ref)
@@ -792,4 +795,13 @@ func (d *Driver) setStopped(id string, stopped bool) error {
 func (d *Driver) isStopped(id string) bool {
 	_, err := os.Stat(d.stoppedPath(id))
 	return err == nil
+}
+
+func readyCondition(sb compute.Sandbox) (compute.Condition, bool) {
+	for _, c := range sb.Status.Conditions {
+		if c.Type == compute.ConditionReady {
+			return c, true
+		}
+	}
+	return compute.Condition{}, false
 }

@@ -85,6 +85,9 @@ func TestPullFailureIsReported(t *testing.T) {
 	if err := d.Create(t.Context(), dup); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Errorf("Create(same id while failed) = %v, want AlreadyExists", err)
 	}
+	if err := d.Start(t.Context(), compute.Ref{ID: sb.ID}); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), img) {
+		t.Errorf("Start(failed pull) = %v, want FailedPrecondition naming %s", err, img)
+	}
 	if deleted, err := d.Delete(t.Context(), compute.Ref{ID: sb.ID}); err != nil || !deleted {
 		t.Errorf("Delete() = %v, %v, want true", deleted, err)
 	}
