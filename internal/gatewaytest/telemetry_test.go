@@ -2,6 +2,7 @@ package gatewaytest
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"net"
 	"os"
@@ -120,5 +121,69 @@ func TestTracingMalformedEndpointServes(t *testing.T) {
 	}
 	if !strings.Contains(g.Logs(), "OpenTelemetry trace export disabled") {
 		t.Errorf("gateway log lacks the disabled-export line:\n%s", g.Logs())
+	}
+}
+
+// TestSecurityEventsEndToEnd: the real gateway with a real sandbox writes
+// exactly one event for the create and one for an exec whose arguments
+// and environment carry a secret; the secret reaches neither the sink nor
+// the sandbox's GetSandboxLogs, where its events also appear.
+func TestSecurityEventsEndToEnd(t *testing.T) {
+	const secret = "e2e-secret-6b1f0c"
+	events := filepath.Join(TempDir(t), "events.jsonl")
+	g := Start(t, Options{ExtraArgs: []string{"--security-event-sink", events}})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	sb := readySandbox(ctx, t, c, "audited")
+	id := sb.GetMetadata().GetId()
+	if _, _, code, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{
+		SandboxId: id, Command: []string{"/bin/sh", "-c", "test -n \"$1\"", "sh", secret},
+		Environment: map[string]string{"API_TOKEN": secret},
+	}); err != nil || code != 0 {
+		t.Fatalf("Exec = exit %d, %v", code, err)
+	}
+
+	data, err := os.ReadFile(events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(data, []byte(secret)) {
+		t.Errorf("event sink contains the secret:\n%s", data)
+	}
+	count := map[string]int{}
+	for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
+		var r securityevent.Record
+		if err := json.Unmarshal(line, &r); err != nil {
+			t.Fatalf("event line %q: %v", line, err)
+		}
+		if r.Unmapped["sandbox_id"] == id && r.API != nil {
+			count[r.API.Operation+" "+r.Status]++
+		}
+	}
+	want := map[string]int{
+		"/openshell.v1.OpenShell/CreateSandbox Success": 1,
+		"/openshell.v1.OpenShell/ExecSandbox Success":   1,
+	}
+	for k, n := range want {
+		if count[k] != n {
+			t.Errorf("events %q = %d, want %d (all for the sandbox: %v)", k, count[k], n, count)
+		}
+	}
+	logs, err := c.GetSandboxLogs(ctx, &openshellv1.GetSandboxLogsRequest{SandboxId: id, Sources: []string{"gateway"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range logs.GetLogs() {
+		if l.GetTarget() == "security_event" {
+			n++
+			if strings.Contains(l.GetMessage(), secret) {
+				t.Errorf("sandbox log line contains the secret: %s", l.GetMessage())
+			}
+		}
+	}
+	if n < 2 {
+		t.Errorf("GetSandboxLogs has %d security_event lines, want the create and the exec", n)
 	}
 }
