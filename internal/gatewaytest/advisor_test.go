@@ -14,6 +14,10 @@ import (
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 )
 
+// fastAdvisor makes a sandbox's supervisor submit its denials every second
+// (OpenShell's variable; the default is 10 s).
+var fastAdvisor = map[string]string{"OPENSHELL_DENIAL_FLUSH_INTERVAL_SECS": "1"}
+
 // waitChunk polls the sandbox's draft chunks for up to 30 s until one for
 // host matches ok, and returns it.
 func waitChunk(ctx context.Context, t testing.TB, c openshellv1.OpenShellClient, name, host string, ok func(*openshellv1.PolicyChunk) bool) *openshellv1.PolicyChunk {
@@ -58,7 +62,7 @@ func TestPolicyAdvisor(t *testing.T) {
 	pol := egressPolicy(map[string]*sandboxv1.NetworkPolicyRule{
 		"unrelated": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "unrelated.test", Port: 443}}, Binaries: []*sandboxv1.NetworkBinary{{Path: curl}}},
 	})
-	id := createEgressSandbox(ctx, t, c, "advisor", &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}, Policy: pol})
+	id := createEgressSandbox(ctx, t, c, "advisor", &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}, Policy: pol, Environment: fastAdvisor})
 	waitEgressLoaded(ctx, t, c, "advisor", "the proxy enforces the network rules")
 	curlCode := func(host string) string {
 		t.Helper()

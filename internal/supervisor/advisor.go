@@ -12,9 +12,10 @@ import (
 )
 
 // Policy advisor submissions: how often the supervisor drains the egress
-// proxy's denial aggregate, and its backoff after a failed submission.
+// proxy's denial aggregate by default (OpenShell's 10 s; Config.
+// DenialFlushInterval), and its backoff after a failed submission.
 const (
-	advisorInterval   = 2 * time.Second
+	defaultDenialFlushInterval = 10 * time.Second
 	advisorBackoffMin = time.Second
 	advisorBackoffMax = time.Minute
 	// advisorBatch is the most summaries one call carries (the gateway

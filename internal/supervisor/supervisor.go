@@ -116,6 +116,10 @@ type Config struct {
 	LogBuffer int
 	// LogLevel of the supervisor's own log.
 	LogLevel slog.Level
+	// DenialFlushInterval is how often the egress proxy's denials go to
+	// the policy advisor (default 10 s, OpenShell's; see
+	// EnvDenialFlushInterval).
+	DenialFlushInterval time.Duration
 
 	// MetricsListen is the address of the Prometheus /metrics listener
 	// ("": none), in the supervisor's network namespace; a non-loopback
@@ -158,6 +162,9 @@ const (
 	EnvRootfs         = "OPENSHELL_ROOTFS"
 	EnvRootfsLayer    = "OPENSHELL_ROOTFS_LAYER"
 	EnvLogLevel       = "OPENSHELL_LOG_LEVEL"
+	// EnvDenialFlushInterval is OpenShell's variable for the seconds
+	// between two submissions of denials to the policy advisor.
+	EnvDenialFlushInterval = "OPENSHELL_DENIAL_FLUSH_INTERVAL_SECS"
 )
 
 // secretEnv are never passed to processes in the sandbox (the token
@@ -228,6 +235,13 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		}
 		c.StartupTimeout = d
 	}
+	if v := getenv(EnvDenialFlushInterval); v != "" {
+		secs, err := strconv.ParseUint(v, 10, 32)
+		if err != nil || secs == 0 {
+			return c, fmt.Errorf("%s: %q is not a positive number of seconds", EnvDenialFlushInterval, v)
+		}
+		c.DenialFlushInterval = time.Duration(secs) * time.Second
+	}
 	if v := getenv(EnvLogLevel); strings.EqualFold(v, "trace") {
 		c.LogLevel = slog.LevelDebug - 4 // the gateway accepts OpenShell's trace level
 	} else if v != "" {
@@ -281,6 +295,9 @@ func (c *Config) Validate() error {
 	}
 	if c.StartupTimeout <= 0 {
 		c.StartupTimeout = 2 * time.Minute
+	}
+	if c.DenialFlushInterval <= 0 {
+		c.DenialFlushInterval = defaultDenialFlushInterval
 	}
 	if c.ReconnectMin <= 0 {
 		c.ReconnectMin = 500 * time.Millisecond
@@ -450,7 +467,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	})
 	if eg.proxy != nil {
 		wg.Go(func() {
-			submitDenials(ctx, log.With("component", "advisor"), client, cfg.SandboxID, cfg.SandboxName, eg.proxy.Denials, advisorInterval)
+			submitDenials(ctx, log.With("component", "advisor"), client, cfg.SandboxID, cfg.SandboxName, eg.proxy.Denials, cfg.DenialFlushInterval)
 		})
 	}
 
@@ -577,6 +594,7 @@ Compute drivers start it with no arguments and this environment:
   `+EnvEgressTestHosts+`  test only: resolve the proxy's destinations from "name=ip,..." instead of DNS
   `+EnvEgressTestCAFile+`  test only: PEM file of CAs trusted for terminated TLS upstreams besides the system roots
   `+EnvLogLevel+`        log level (trace, debug, info, warn, error)
+  `+EnvDenialFlushInterval+`  seconds between two submissions of denials to the policy advisor (default 10)
 
 Flags:
   --version                 print the version and exit

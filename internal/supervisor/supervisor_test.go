@@ -633,3 +633,39 @@ func TestConfigFromEnv(t *testing.T) {
 		t.Errorf("Serve(ftp endpoint) = %v", err)
 	}
 }
+
+// TestConfigFromEnvDenialFlushInterval: OpenShell's variable sets the
+// interval of the policy advisor's submissions (default 10 s, OpenShell's);
+// a value that is not a positive number of seconds is refused rather than
+// ignored.
+func TestConfigFromEnvDenialFlushInterval(t *testing.T) {
+	for _, tc := range []struct {
+		name, value string
+		want        time.Duration
+	}{
+		{"default", "", 10 * time.Second},
+		{"set", "3", 3 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := map[string]string{supervisor.EnvEndpoint: "unix:///gw.sock", supervisor.EnvSandboxID: "sb-1", supervisor.EnvDenialFlushInterval: tc.value}
+			cfg, err := supervisor.ConfigFromEnv(func(k string) string { return env[k] })
+			if err == nil {
+				err = cfg.Validate()
+			}
+			if err != nil || cfg.DenialFlushInterval != tc.want {
+				t.Errorf("%s=%q: interval = %v, %v; want %v", supervisor.EnvDenialFlushInterval, tc.value, cfg.DenialFlushInterval, err, tc.want)
+			}
+		})
+	}
+	for _, bad := range []string{"0", "-1", "1.5", "10s", "soon"} {
+		_, err := supervisor.ConfigFromEnv(func(k string) string {
+			if k == supervisor.EnvDenialFlushInterval {
+				return bad
+			}
+			return ""
+		})
+		if err == nil || !strings.Contains(err.Error(), supervisor.EnvDenialFlushInterval) {
+			t.Errorf("ConfigFromEnv(%s=%q) = %v, want an error naming the variable", supervisor.EnvDenialFlushInterval, bad, err)
+		}
+	}
+}
