@@ -98,7 +98,8 @@ var Registered = []Key{
 	{Name: "providers_v2_enabled", Kind: Bool, Scopes: ScopeGlobal, Default: boolValue(false),
 		Effect: "gateway: provider profiles contribute network rules to sandbox policies (internal/api/policy, internal/providers)"},
 	{Name: "ocsf_json_enabled", Kind: Bool, Scopes: ScopeSandbox | ScopeGlobal, Default: boolValue(false)},
-	{Name: "agent_policy_proposals_enabled", Kind: Bool, Scopes: ScopeSandbox | ScopeGlobal, Default: boolValue(false)},
+	{Name: "agent_policy_proposals_enabled", Kind: Bool, Scopes: ScopeSandbox | ScopeGlobal, Default: boolValue(false),
+		Effect: "supervisor: true serves the policy.local agent proposal API inside the sandbox (internal/supervisor)"},
 	{Name: "proposal_approval_mode", Kind: String, Scopes: ScopeSandbox | ScopeGlobal, Default: stringValue("manual"), Allowed: []string{"manual", "auto"},
 		Effect: "gateway: auto approves policy advisor proposals without prover findings or security notes (internal/policy/advisor)"},
 }

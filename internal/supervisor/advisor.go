@@ -16,8 +16,8 @@ import (
 // DenialFlushInterval), and its backoff after a failed submission.
 const (
 	defaultDenialFlushInterval = 10 * time.Second
-	advisorBackoffMin = time.Second
-	advisorBackoffMax = time.Minute
+	advisorBackoffMin          = time.Second
+	advisorBackoffMax          = time.Minute
 	// advisorBatch is the most summaries one call carries (the gateway
 	// refuses more than 256).
 	advisorBatch = 256

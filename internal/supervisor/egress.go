@@ -216,6 +216,7 @@ func startEgress(ctx context.Context, log *slog.Logger, cfg Config, dialer *host
 	e.inference = newInferenceRouter(log.With("component", "inference"), cfg, resolver, dial)
 	e.proxy = egress.New(egress.Config{
 		Inference:     serveInference(e.inference),
+		PolicyLocal:   cfg.policyLocal.serve,
 		Resolver:      resolver,
 		Dial:          dial,
 		Identify:      identify,

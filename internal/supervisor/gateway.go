@@ -156,7 +156,7 @@ func bootstrapConfig(ctx context.Context, log *slog.Logger, client openshellv1.O
 	if confErr != nil {
 		log.Error("cannot confine agent processes as the policy asks; they will not start", "policy_version", resp.GetVersion(), "err", confErr)
 	}
-	loaded := loadedPolicy{version: resp.GetVersion(), hash: resp.GetPolicyHash(), policy: resp.GetPolicy(), confErr: confErr}
+	loaded := loadedPolicy{version: resp.GetVersion(), hash: resp.GetPolicyHash(), policy: resp.GetPolicy(), confErr: confErr, settings: resp.GetSettings()}
 	if resp.GetVersion() == 0 {
 		log.Warn("gateway returned no policy version; nothing to report")
 		return loaded, nil

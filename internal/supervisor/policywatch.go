@@ -18,6 +18,8 @@ type loadedPolicy struct {
 	hash    string
 	policy  *sandboxv1.SandboxPolicy // as first loaded: its static sections are in force
 	confErr error                    // of building the agent confinement at start
+	// settings are the effective settings the first config carried.
+	settings map[string]*sandboxv1.EffectiveSetting
 }
 
 // policyPollInterval is how often the supervisor asks for a new policy
@@ -29,8 +31,9 @@ const policyPollInterval = time.Second
 // previous rules when the new ones are not enforced as written), and the
 // version is reported LOADED or FAILED with the reason. Static sections
 // (filesystem, landlock, process) apply at start only: a version that
-// changes them is reported FAILED and nothing of it is applied.
-func watchPolicy(ctx context.Context, log *slog.Logger, client openshellv1.OpenShellClient, sandboxID string, cur loadedPolicy, interval time.Duration, reload func(*sandboxv1.SandboxPolicy) error) {
+// changes them is reported FAILED and nothing of it is applied. Every
+// poll's effective settings go to settings.
+func watchPolicy(ctx context.Context, log *slog.Logger, client openshellv1.OpenShellClient, sandboxID string, cur loadedPolicy, interval time.Duration, reload func(*sandboxv1.SandboxPolicy) error, settings func(map[string]*sandboxv1.EffectiveSetting)) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -44,6 +47,7 @@ func watchPolicy(ctx context.Context, log *slog.Logger, client openshellv1.OpenS
 			log.Debug("policy poll failed", "err", err)
 			continue
 		}
+		settings(resp.GetSettings())
 		if resp.GetVersion() == 0 || resp.GetPolicy() == nil || (resp.GetVersion() == cur.version && resp.GetPolicyHash() == cur.hash) {
 			continue
 		}

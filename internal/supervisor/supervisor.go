@@ -135,6 +135,7 @@ type Config struct {
 	upstreamRoots *x509.CertPool     // set by Serve before the namespace setup
 	credentials   egress.Credentials // set by Serve: the provider placeholder resolver
 	egressMetrics *egress.Metrics    // set by Serve: the proxy's decision counters
+	policyLocal   *policyLocal       // set by Serve: serves policy.local through the proxy
 
 	k8sSAToken string // preloaded from K8sSATokenFile
 }
@@ -452,18 +453,35 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	pl := newPolicyLocal(ctx, log.With("component", "policy.local"), client, cfg.SandboxName)
+	cfg.policyLocal = pl
 	eg = startEgress(ctx, log.With("component", "egress"), cfg, dialer, &wg)
 	defer eg.close()
 	pollInference(ctx, &wg, conn, eg.inference)
 	cfg.agentEnv = eg.env
-	prepare := func(p *sandboxv1.SandboxPolicy) (confErr, netErr error) { return prepareSandbox(agents, eg, p) }
+	// policy.local reports a rule enforced once the proxy installed it.
+	prepare := func(p *sandboxv1.SandboxPolicy) (confErr, netErr error) {
+		confErr, netErr = prepareSandbox(agents, eg, p)
+		if netErr == nil {
+			pl.setPolicy(p)
+		}
+		return confErr, netErr
+	}
+	reload := func(p *sandboxv1.SandboxPolicy) error {
+		err := eg.reload(p)
+		if err == nil {
+			pl.setPolicy(p)
+		}
+		return err
+	}
 	loaded, err := bootstrapConfig(ctx, log.With("component", "config"), client, cfg, prepare)
 	if err != nil {
 		log.Error("giving up on the sandbox configuration", "err", err)
 		return err
 	}
+	pl.setSettings(loaded.settings)
 	wg.Go(func() {
-		watchPolicy(ctx, log.With("component", "config"), client, cfg.SandboxID, loaded, policyPollInterval, eg.reload)
+		watchPolicy(ctx, log.With("component", "config"), client, cfg.SandboxID, loaded, policyPollInterval, reload, pl.setSettings)
 	})
 	if eg.proxy != nil {
 		wg.Go(func() {

@@ -65,6 +65,10 @@ type Config struct {
 	// the requests of CONNECT tunnels (TLS terminated with CA); it
 	// reports whether the client connection may carry another request.
 	Inference func(c net.Conn, req *http.Request, caller Caller) bool
+	// PolicyLocal, when set, answers absolute-form http:// requests for
+	// host PolicyLocalHost (port 80) instead of the network policy; the
+	// connection closes after its answer (see servePolicyLocal).
+	PolicyLocal func(c net.Conn, req *http.Request, caller Caller)
 }
 
 // InferenceHost is the host Config.Inference serves.
@@ -245,6 +249,12 @@ func (p *Proxy) handle(c net.Conn) {
 		p.serveInferenceTunnel(c, br, callers[0])
 		return
 	}
+	if strings.EqualFold(host, PolicyLocalHost) {
+		// Plain HTTP only; never a policy decision (a denial would
+		// become a draft chunk for policy.local itself).
+		WriteJSON(c, http.StatusBadRequest, map[string]any{"error": "invalid_policy_local_scheme", "detail": "Use http://policy.local only"})
+		return
+	}
 	ev.Host, ev.Port = host, port
 	decisions, status := p.decide(callers, idErr, host, port, &ev)
 	var upstream net.Conn
@@ -361,6 +371,10 @@ func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http
 		host, port, err := splitHostPort(req.URL.Host, 80)
 		if err != nil {
 			writeStatus(c, http.StatusBadRequest, err.Error())
+			return
+		}
+		if strings.EqualFold(host, PolicyLocalHost) {
+			p.servePolicyLocal(c, req, port, callers[0])
 			return
 		}
 		if p.cfg.Inference != nil && strings.EqualFold(host, InferenceHost) {
