@@ -789,6 +789,12 @@ func (e *Engine) PublishPlatformEvent(id string, ev *openshellv1.PlatformEvent) 
 	e.hub.publish(id, Update{Platform: ev})
 }
 
+// PublishDraftUpdate tells the watchers of sandbox id, on this gateway
+// process, that its draft policy chunks changed.
+func (e *Engine) PublishDraftUpdate(id string, u *openshellv1.DraftPolicyUpdate) {
+	e.hub.publish(id, Update{Draft: u})
+}
+
 // DeleteWorkspace releases the backend scope of a workspace that no longer
 // holds sandboxes.
 func (e *Engine) DeleteWorkspace(ctx context.Context, workspace string) error {

@@ -11,10 +11,13 @@ import (
 )
 
 // Update is one change a watcher of a sandbox sees: a new snapshot of the
-// sandbox or a platform event.
+// sandbox, a platform event, or a change of its policy advisor drafts.
 type Update struct {
 	Sandbox  *openshellv1.Sandbox
 	Platform *openshellv1.PlatformEvent
+	// Draft is set when the sandbox's draft policy chunks changed (not
+	// kept in the event tail).
+	Draft *openshellv1.DraftPolicyUpdate
 	// Deleted is set with the last snapshot when the sandbox row is gone.
 	Deleted bool
 }

@@ -81,7 +81,9 @@ func (s *Service) GetSandboxLogs(ctx context.Context, req *openshellv1.GetSandbo
 // (follow_logs) and platform events (follow_events). Snapshots start with
 // the current one and skip a resource_version already sent; events start
 // with the last event_tail recorded ones (0 = all kept), which include one
-// per phase transition. With stop_on_terminal the stream ends once the
+// per phase transition; with follow_events, a draft_policy_update follows
+// every change of the sandbox's policy advisor drafts made through this
+// gateway process (never replayed). With stop_on_terminal the stream ends once the
 // sandbox is READY; it always ends when the sandbox is deleted. The caller
 // must be allowed to see the sandbox: its own supervisor, or a user of its
 // workspace (a sandbox in another workspace reads NotFound).
@@ -187,6 +189,11 @@ func (w *watch) replayEvents(evs []*openshellv1.PlatformEvent) error {
 
 // update forwards one engine update; done reports the end of the watch.
 func (w *watch) update(u lifecycle.Update) (done bool, err error) {
+	if u.Draft != nil && w.req.GetFollowEvents() {
+		if err := w.send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_DraftPolicyUpdate{DraftPolicyUpdate: u.Draft}}); err != nil {
+			return true, err
+		}
+	}
 	if u.Platform != nil && w.req.GetFollowEvents() && !w.replayed[u.Platform] {
 		if err := w.send(&openshellv1.SandboxStreamEvent{Payload: &openshellv1.SandboxStreamEvent_Event{Event: u.Platform}}); err != nil {
 			return true, err

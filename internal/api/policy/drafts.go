@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/api/authz"
@@ -107,7 +108,22 @@ func (s *Service) SubmitPolicyAnalysis(ctx context.Context, req *openshellv1.Sub
 	if err != nil {
 		return nil, err
 	}
-	return s.drafts.Submit(ctx, in, req)
+	resp, created, err := s.drafts.Submit(ctx, in, req)
+	if err == nil && resp.GetAcceptedChunks() > 0 {
+		s.publishDrafts(ctx, in, created, fmt.Sprintf("%d proposal(s) accepted (%d new chunk(s)), %d rejected", resp.GetAcceptedChunks(), created, resp.GetRejectedChunks()))
+	}
+	return resp, err
+}
+
+// publishDrafts tells the sandbox's watchers (WatchSandbox follow_events)
+// that its drafts changed. It is best effort: the change is stored, and a
+// failure to describe it only costs the notification.
+func (s *Service) publishDrafts(ctx context.Context, in advisor.Sandbox, newChunks uint32, summary string) {
+	u, err := s.drafts.Update(ctx, in, newChunks, summary)
+	if err != nil {
+		return
+	}
+	s.o.Engine.PublishDraftUpdate(in.Sandbox.GetMetadata().GetId(), u)
 }
 
 // GetDraftPolicy lists a sandbox's draft chunks.
@@ -152,6 +168,7 @@ func (s *Service) ApproveDraftChunk(ctx context.Context, req *openshellv1.Approv
 	if err != nil {
 		return nil, err
 	}
+	s.publishDrafts(ctx, in, 0, fmt.Sprintf("chunk %s approved (policy version %d)", req.GetChunkId(), rev.GetVersion()))
 	return &openshellv1.ApproveDraftChunkResponse{PolicyVersion: rev.GetVersion(), PolicyHash: rev.GetPolicyHash()}, nil
 }
 
@@ -167,6 +184,7 @@ func (s *Service) RejectDraftChunk(ctx context.Context, req *openshellv1.RejectD
 	if err := s.drafts.Reject(ctx, in, req.GetChunkId(), req.GetReason()); err != nil {
 		return nil, err
 	}
+	s.publishDrafts(ctx, in, 0, fmt.Sprintf("chunk %s rejected", req.GetChunkId()))
 	return &openshellv1.RejectDraftChunkResponse{}, nil
 }
 
@@ -177,6 +195,9 @@ func (s *Service) ApproveAllDraftChunks(ctx context.Context, req *openshellv1.Ap
 		return nil, err
 	}
 	rev, approved, skipped, err := s.drafts.ApproveAll(ctx, in, req.GetIncludeSecurityFlagged(), req.GetApprovals())
+	if approved > 0 {
+		s.publishDrafts(ctx, in, 0, fmt.Sprintf("%d chunk(s) approved (policy version %d), %d skipped", approved, rev.GetVersion(), skipped))
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -192,6 +213,7 @@ func (s *Service) EditDraftChunk(ctx context.Context, req *openshellv1.EditDraft
 	if err := s.drafts.Edit(ctx, in, req.GetChunkId(), req.GetProposedRule()); err != nil {
 		return nil, err
 	}
+	s.publishDrafts(ctx, in, 0, fmt.Sprintf("chunk %s edited", req.GetChunkId()))
 	return &openshellv1.EditDraftChunkResponse{}, nil
 }
 
@@ -208,6 +230,7 @@ func (s *Service) UndoDraftChunk(ctx context.Context, req *openshellv1.UndoDraft
 	if err != nil {
 		return nil, err
 	}
+	s.publishDrafts(ctx, in, 0, fmt.Sprintf("chunk %s undone (policy version %d)", req.GetChunkId(), rev.GetVersion()))
 	return &openshellv1.UndoDraftChunkResponse{PolicyVersion: rev.GetVersion(), PolicyHash: rev.GetPolicyHash()}, nil
 }
 
@@ -218,6 +241,9 @@ func (s *Service) ClearDraftChunks(ctx context.Context, req *openshellv1.ClearDr
 		return nil, err
 	}
 	n, err := s.drafts.Clear(ctx, in)
+	if n > 0 {
+		s.publishDrafts(ctx, in, 0, fmt.Sprintf("%d pending chunk(s) cleared", n))
+	}
 	if err != nil {
 		return nil, err
 	}

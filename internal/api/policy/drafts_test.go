@@ -354,3 +354,85 @@ func TestDraftAuthorization(t *testing.T) {
 		{Name: "workspace admin", P: apitest.OIDCUser("aa"), Want: []codes.Code{denied, ok, ok, ok, fp, ok, fp, ok, ok}},
 	})
 }
+
+// TestDraftUpdatesReachWatchers: every change of a sandbox's drafts is
+// published to its watchers as a DraftPolicyUpdate with the draft
+// version, the new chunks and the pending total; a submission that
+// changes nothing publishes nothing.
+func TestDraftUpdatesReachWatchers(t *testing.T) {
+	svc, f, id := setup(t)
+	admin := apitest.As(t.Context(), apitest.OIDCUser("aa"))
+	updates, cancel := f.Engine.Subscribe(id)
+	defer cancel()
+	next := func(what string) *openshellv1.DraftPolicyUpdate {
+		t.Helper()
+		for {
+			select {
+			case u := <-updates:
+				if u.Draft != nil {
+					return u.Draft
+				}
+			default:
+				t.Fatalf("%s: no draft update published", what)
+				return nil
+			}
+		}
+	}
+	none := func(what string) {
+		t.Helper()
+		for {
+			select {
+			case u := <-updates:
+				if u.Draft != nil {
+					t.Fatalf("%s published %v, want nothing", what, u.Draft)
+				}
+			default:
+				return
+			}
+		}
+	}
+	r := submit(t, svc, id, denial("/usr/bin/curl", "a.example.com", 443, 1), denial("/usr/bin/curl", "b.example.com", 443, 1))
+	if u := next("first submission"); u.GetNewChunks() != 2 || u.GetTotalPending() != 2 || u.GetDraftVersion() != 1 || u.GetSummary() != "2 proposal(s) accepted (2 new chunk(s)), 0 rejected" {
+		t.Errorf("update after the first submission = %v", u)
+	}
+	submit(t, svc, id, denial("/usr/bin/curl", "a.example.com", 443, 4))
+	if u := next("repeat"); u.GetNewChunks() != 0 || u.GetTotalPending() != 2 || u.GetDraftVersion() != 1 {
+		t.Errorf("update after a repeated denial = %v, want no new chunk", u)
+	}
+	submit(t, svc, id, denial("", "a.example.com", 443, 1)) // no binary: no chunk
+	none("a submission making no chunk")
+	var token string
+	for _, c := range drafts(t, svc, "pending") {
+		if c.GetId() == r.GetAcceptedChunkIds()[0] {
+			token = c.GetReviewToken()
+		}
+	}
+	if _, err := svc.ApproveDraftChunk(admin, &openshellv1.ApproveDraftChunkRequest{Name: "pol", Workspace: "team-a", ChunkId: r.GetAcceptedChunkIds()[0], ReviewToken: token}); err != nil {
+		t.Fatal(err)
+	}
+	if u := next("approval"); u.GetTotalPending() != 1 || u.GetSummary() != "chunk "+r.GetAcceptedChunkIds()[0]+" approved (policy version 2)" {
+		t.Errorf("update after the approval = %v", u)
+	}
+	if _, err := svc.ApproveDraftChunk(admin, &openshellv1.ApproveDraftChunkRequest{Name: "pol", Workspace: "team-a", ChunkId: r.GetAcceptedChunkIds()[0], ReviewToken: token}); err == nil {
+		t.Fatal("approving twice succeeded")
+	}
+	none("a refused approval")
+	if _, err := svc.RejectDraftChunk(admin, &openshellv1.RejectDraftChunkRequest{Name: "pol", Workspace: "team-a", ChunkId: r.GetAcceptedChunkIds()[1]}); err != nil {
+		t.Fatal(err)
+	}
+	if u := next("rejection"); u.GetTotalPending() != 0 || !strings.HasSuffix(u.GetSummary(), " rejected") {
+		t.Errorf("update after the rejection = %v", u)
+	}
+	if _, err := svc.UndoDraftChunk(admin, &openshellv1.UndoDraftChunkRequest{Name: "pol", Workspace: "team-a", ChunkId: r.GetAcceptedChunkIds()[0]}); err != nil {
+		t.Fatal(err)
+	}
+	if u := next("undo"); u.GetTotalPending() != 1 {
+		t.Errorf("update after the undo = %v", u)
+	}
+	if _, err := svc.ClearDraftChunks(admin, &openshellv1.ClearDraftChunksRequest{Name: "pol", Workspace: "team-a"}); err != nil {
+		t.Fatal(err)
+	}
+	if u := next("clear"); u.GetTotalPending() != 0 || u.GetSummary() != "1 pending chunk(s) cleared" {
+		t.Errorf("update after clear = %v", u)
+	}
+}

@@ -487,6 +487,24 @@ func (d Drafts) List(ctx context.Context, sb Sandbox, status string) ([]*openshe
 	return out, version, last, nil
 }
 
+// Update describes sb's drafts after a change, for watchers
+// (WatchSandbox's draft_policy_update): the draft version, the pending
+// chunks, and newChunks and summary as given.
+func (d Drafts) Update(ctx context.Context, sb Sandbox, newChunks uint32, summary string) (*openshellv1.DraftPolicyUpdate, error) {
+	cs, err := d.list(ctx, sb.id())
+	if err != nil {
+		return nil, err
+	}
+	u := &openshellv1.DraftPolicyUpdate{NewChunks: newChunks, Summary: summary}
+	for _, c := range cs {
+		u.DraftVersion = max(u.DraftVersion, uint64(max(c.p.GetDraftVersion(), 0)))
+		if c.rec.Status == StatusPending {
+			u.TotalPending++
+		}
+	}
+	return u, nil
+}
+
 // HistoryOf returns the proposal and decision events of sb's chunks,
 // oldest first (OpenShell's texts).
 func (d Drafts) HistoryOf(ctx context.Context, sb Sandbox) ([]*openshellv1.DraftHistoryEntry, error) {
@@ -613,9 +631,9 @@ func FromSummaries(sums []*openshellv1.DenialSummary) []*openshellv1.PolicyChunk
 // approved chunk is rejected at once. With sb.Auto, a new pending chunk
 // without prover findings, security notes or application error is
 // approved at once.
-func (d Drafts) Submit(ctx context.Context, sb Sandbox, req *openshellv1.SubmitPolicyAnalysisRequest) (*openshellv1.SubmitPolicyAnalysisResponse, error) {
+func (d Drafts) Submit(ctx context.Context, sb Sandbox, req *openshellv1.SubmitPolicyAnalysisRequest) (*openshellv1.SubmitPolicyAnalysisResponse, uint32, error) {
 	if n := len(req.GetSummaries()) + len(req.GetProposedChunks()); n > MaxSubmission {
-		return nil, errdefs.InvalidArgument(fmt.Sprintf("too many summaries and proposed chunks (%d > %d)", n, MaxSubmission))
+		return nil, 0, errdefs.InvalidArgument(fmt.Sprintf("too many summaries and proposed chunks (%d > %d)", n, MaxSubmission))
 	}
 	proposals, mode := req.GetProposedChunks(), req.GetAnalysisMode()
 	if len(proposals) == 0 {
@@ -623,11 +641,11 @@ func (d Drafts) Submit(ctx context.Context, sb Sandbox, req *openshellv1.SubmitP
 	}
 	resp := &openshellv1.SubmitPolicyAnalysisResponse{}
 	if len(proposals) == 0 {
-		return resp, nil
+		return resp, 0, nil
 	}
 	existing, err := d.list(ctx, sb.id())
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	var draftVersion int64
 	for _, c := range existing {
@@ -636,13 +654,14 @@ func (d Drafts) Submit(ctx context.Context, sb Sandbox, req *openshellv1.SubmitP
 	draftVersion++
 	latest, err := d.latest(ctx, sb)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if err := d.reconcile(ctx, sb, latest); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	cur := latest.GetPolicy()
 	count := len(existing)
+	var created uint32
 	reject := func(reason string) {
 		resp.RejectedChunks++
 		resp.RejectionReasons = append(resp.RejectionReasons, reason)
@@ -666,24 +685,27 @@ func (d Drafts) Submit(ctx context.Context, sb Sandbox, req *openshellv1.SubmitP
 			reject(fmt.Sprintf("chunk '%s': the draft inbox holds %d chunks; clear or decide some first", pc.GetRuleName(), MaxChunks))
 			continue
 		}
-		id, err := d.submitOne(ctx, sb, cur, pc, mode, draftVersion)
+		id, isNew, err := d.submitOne(ctx, sb, cur, pc, mode, draftVersion)
 		if err != nil {
 			if errors.Is(err, errdefs.ErrInvalidArgument) {
 				reject(fmt.Sprintf("chunk '%s': %v", pc.GetRuleName(), err))
 				continue
 			}
-			return nil, err
+			return nil, created, err
+		}
+		if isNew {
+			created++
 		}
 		count++
 		resp.AcceptedChunks++
 		resp.AcceptedChunkIds = append(resp.AcceptedChunkIds, id)
 	}
-	return resp, nil
+	return resp, created, nil
 }
 
 // submitOne stores one proposal and returns the id of the chunk that
-// holds it.
-func (d Drafts) submitOne(ctx context.Context, sb Sandbox, cur *sandboxv1.SandboxPolicy, pc *openshellv1.PolicyChunk, mode string, draftVersion int64) (string, error) {
+// holds it and whether the chunk is new.
+func (d Drafts) submitOne(ctx context.Context, sb Sandbox, cur *sandboxv1.SandboxPolicy, pc *openshellv1.PolicyChunk, mode string, draftVersion int64) (string, bool, error) {
 	rule := proto.Clone(pc.GetProposedRule()).(*sandboxv1.NetworkPolicyRule)
 	var host, binary string
 	var port uint32
@@ -699,12 +721,12 @@ func (d Drafts) submitOne(ctx context.Context, sb Sandbox, cur *sandboxv1.Sandbo
 	}
 	evaluate(p, cur, sb.CredentialHosts)
 	if mode != ModeMechanistic && p.GetApplicationError() != "" {
-		return "", errdefs.InvalidArgument(p.GetApplicationError())
+		return "", false, errdefs.InvalidArgument(p.GetApplicationError())
 	}
 	p.SecurityNotes = SecurityNotes(rule)
 	payload, err := proto.Marshal(p)
 	if err != nil {
-		return "", fmt.Errorf("encode draft chunk: %w", err)
+		return "", false, fmt.Errorf("encode draft chunk: %w", err)
 	}
 	rec := store.Record{
 		ID: uuid.NewString(), Type: store.TypeDraftPolicyChunk, Scope: sb.id(), Status: StatusPending,
@@ -716,14 +738,14 @@ func (d Drafts) submitOne(ctx context.Context, sb Sandbox, cur *sandboxv1.Sandbo
 	}
 	stored, created, err := d.Store.RecordHit(ctx, rec)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	if !created {
-		return stored.ID, nil
+		return stored.ID, false, nil
 	}
 	others, err := d.list(ctx, sb.id())
 	if err != nil {
-		return "", err
+		return "", true, err
 	}
 	for _, o := range others {
 		if o.rec.ID == stored.ID || o.p.GetHost() != host || o.p.GetPort() != p.GetPort() || o.p.GetBinary() != binary {
@@ -732,20 +754,20 @@ func (d Drafts) submitOne(ctx context.Context, sb Sandbox, cur *sandboxv1.Sandbo
 		switch {
 		case o.rec.Status == StatusPending:
 			if err := d.decide(ctx, &o, StatusRejected, "superseded by chunk "+stored.ID); err != nil && !errors.Is(err, errdefs.ErrConflict) {
-				return "", err
+				return "", true, err
 			}
 		case o.rec.Status == StatusApproved && mode == ModeMechanistic:
 			c, err := decode(stored)
 			if err != nil {
-				return "", err
+				return "", true, err
 			}
-			return stored.ID, d.decide(ctx, &c, StatusRejected, "already covered by approved chunk "+o.rec.ID)
+			return stored.ID, true, d.decide(ctx, &c, StatusRejected, "already covered by approved chunk "+o.rec.ID)
 		}
 	}
 	if sb.Auto {
 		d.autoApprove(ctx, sb, stored)
 	}
-	return stored.ID, nil
+	return stored.ID, true, nil
 }
 
 // autoApprove approves a fresh chunk when nothing speaks against it: no
