@@ -69,8 +69,14 @@ func StartServerSpan(ctx context.Context, tracer trace.Tracer, fullMethod, reque
 	}
 	name, attrs := splitMethod(fullMethod)
 	attrs = append(attrs, attribute.String(AttrRequestID, requestID))
+	ctx = context.WithValue(ctx, requestIDKey{}, requestID)
 	return tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
 }
+
+type requestIDKey struct{}
+
+// requestIDHeader carries the request id to the servers the gateway calls.
+const requestIDHeader = "x-request-id"
 
 // serverErrorCodes are the codes that mark a server span as failed
 // (OpenTelemetry's gRPC conventions); the others are the caller's error.
@@ -112,11 +118,15 @@ func startClientSpan(ctx context.Context, fullMethod string) (context.Context, t
 		md = metadata.MD{}
 	}
 	Propagator.Inject(ctx, MetadataCarrier(md))
+	if id, ok := ctx.Value(requestIDKey{}).(string); ok && id != "" && len(md.Get(requestIDHeader)) == 0 {
+		md.Set(requestIDHeader, id)
+	}
 	return metadata.NewOutgoingContext(ctx, md), span
 }
 
 // UnaryClientInterceptor makes a client span per call (the global tracer
-// provider's) and forwards the W3C trace context in the metadata.
+// provider's) and forwards the W3C trace context in the metadata, and the
+// request id of the server span the call is made under (x-request-id).
 func UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		ctx, span := startClientSpan(ctx, method)
@@ -144,7 +154,7 @@ func ServerInterceptors() (grpc.UnaryServerInterceptor, grpc.StreamServerInterce
 	tracer := otel.Tracer(clientScope)
 	rid := func(ctx context.Context) string {
 		md, _ := metadata.FromIncomingContext(ctx)
-		if v := md.Get("x-request-id"); len(v) > 0 {
+		if v := md.Get(requestIDHeader); len(v) > 0 {
 			return v[0]
 		}
 		return ""
