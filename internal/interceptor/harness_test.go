@@ -17,6 +17,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -172,8 +173,10 @@ func (a *fakeAPI) received() []proto.Message {
 	return append([]proto.Message(nil), a.got...)
 }
 
-func (a *fakeAPI) CreateProvider(_ context.Context, r *openshellv1.CreateProviderRequest) (*openshellv1.ProviderResponse, error) {
+func (a *fakeAPI) CreateProvider(ctx context.Context, r *openshellv1.CreateProviderRequest) (*openshellv1.ProviderResponse, error) {
 	a.keep(r)
+	_ = grpc.SetHeader(ctx, metadata.Pairs("x-handler-header", "h"))
+	_ = grpc.SetTrailer(ctx, metadata.Pairs("x-handler-trailer", "t"))
 	return &openshellv1.ProviderResponse{Provider: r.GetProvider()}, nil
 }
 

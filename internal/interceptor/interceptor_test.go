@@ -11,7 +11,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/testing/protocmp"
@@ -154,9 +156,13 @@ func TestPostCommitObserves(t *testing.T) {
 			}
 			t.Cleanup(rt.Close)
 			client, _, api := serve(t, rt)
-			resp, err := client.CreateProvider(t.Context(), providerReq())
+			var header, trailer metadata.MD
+			resp, err := client.CreateProvider(t.Context(), providerReq(), grpc.Header(&header), grpc.Trailer(&trailer))
 			if err != nil {
 				t.Fatalf("CreateProvider: %v", err)
+			}
+			if len(header.Get("x-handler-header")) != 1 || len(trailer.Get("x-handler-trailer")) != 1 {
+				t.Errorf("handler's header %v / trailer %v did not reach the caller", header, trailer)
 			}
 			if resp.GetProvider().GetCredentials()["ANTHROPIC_API_KEY"] != secretValue || len(api.received()) != 1 {
 				t.Errorf("committed response changed or handler not run: %v", resp)
@@ -279,5 +285,20 @@ func TestUnboundMethodsPass(t *testing.T) {
 	}
 	if evs, _ := f.evaluations(t); len(evs) != 0 || len(api.received()) != 1 {
 		t.Errorf("interceptor saw %d evaluations for an unbound method", len(evs))
+	}
+}
+
+// TestPatchNamingTwoOneofMembers: a candidate whose ProtoJSON names two
+// members of one oneof group is invalid; fail_closed refuses the call.
+func TestPatchNamingTwoOneofMembers(t *testing.T) {
+	f := startFake(t, manifest("fail_closed", bind("m", rpcUpdateConfig, "", ModifyOperation)), "allow",
+		`[{"op":"add","path":"/mergeOperations/0/removeEndpoint","value":{"ruleName":"x"}}]`)
+	client, _, api := serve(t, start(t, config("p", f)))
+	req := &openshellv1.UpdateConfigRequest{Name: "sb", MergeOperations: []*openshellv1.PolicyMergeOperation{
+		{Operation: &openshellv1.PolicyMergeOperation_RemoveRule{RemoveRule: &openshellv1.RemoveNetworkRule{RuleName: "r"}}},
+	}}
+	_, err := client.UpdateConfig(t.Context(), req)
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "oneof") || len(api.received()) != 0 {
+		t.Fatalf("UpdateConfig = %v (handler runs %d), want InvalidArgument naming the oneof before dispatch", err, len(api.received()))
 	}
 }
