@@ -38,6 +38,8 @@ func (a *app) newSandboxCmd() *cobra.Command {
 		a.newSandboxStopStartCmd("start"),
 		a.newSandboxExecCmd(),
 		a.newSandboxConnectCmd(),
+		a.newSandboxUploadCmd(),
+		a.newSandboxDownloadCmd(),
 		a.newSSHConfigCmd(),
 		a.newSandboxProviderCmd(),
 	)

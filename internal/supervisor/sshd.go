@@ -225,7 +225,16 @@ func (s *sshServer) session(ch ssh.Channel, reqs <-chan *ssh.Request) {
 			case "shell":
 				argv = s.shell
 			case "subsystem":
-				// SFTP and other subsystems are not offered.
+				var r struct{ Name string }
+				if ssh.Unmarshal(req.Payload, &r) != nil || r.Name != "sftp" {
+					break
+				}
+				sftpArgv, err := s.sftpArgv()
+				if err != nil {
+					s.log.Warn("sftp subsystem unavailable", "err", err)
+					break
+				}
+				argv, pt = sftpArgv, nil // SFTP speaks on plain pipes
 			}
 			if argv == nil {
 				break

@@ -315,6 +315,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "copy-self" {
 		return copySelf(args[1:], stdout)
 	}
+	if len(args) > 0 && args[0] == sftpServerCmd {
+		return runSFTPServer(args[1:])
+	}
 	fs := flag.NewFlagSet("openshell-sandbox", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { usage(stderr) }
