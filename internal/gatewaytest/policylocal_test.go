@@ -146,6 +146,10 @@ func TestPolicyLocal(t *testing.T) {
 	if code != "200" || body["format"] != "yaml" || !strings.Contains(body["policy_yaml"].(string), "unrelated.test") {
 		t.Fatalf("GET policy.local/v1/policy/current after enabling = %s %v, want the current policy", code, body)
 	}
+	code, body = policyLocal("http://policy.local/v1/denials?last=5")
+	if recent, _ := body["denials"].([]any); code != "200" || len(recent) == 0 || !strings.Contains(recent[0].(string), "DENIED http "+curl+" -> denied.local.test:"+port) {
+		t.Errorf("GET policy.local/v1/denials = %s %v, want the curl denial first", code, body)
+	}
 	code, body = policyLocal(submit...)
 	ids, _ := body["accepted_chunk_ids"].([]any)
 	if code != "202" || body["status"] != "submitted" || body["accepted_chunks"] != 1.0 || len(ids) != 1 {

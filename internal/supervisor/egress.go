@@ -221,7 +221,7 @@ func startEgress(ctx context.Context, log *slog.Logger, cfg Config, dialer *host
 		Dial:          dial,
 		Identify:      identify,
 		OwnAddrs:      own,
-		OnEvent:       func(ev egress.Event) { logEgressEvent(log, ev) },
+		OnEvent:       func(ev egress.Event) { logEgressEvent(log, ev); cfg.policyLocal.observe(ev) },
 		CA:            ca,
 		UpstreamRoots: cfg.upstreamRoots,
 		Credentials:   cfg.credentials,

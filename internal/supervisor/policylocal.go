@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,8 +10,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -45,6 +48,11 @@ const (
 	proposalWaitMax     = 300 * time.Second
 	reloadWaitFloor     = 500 * time.Millisecond
 	reloadWaitTick      = 200 * time.Millisecond
+
+	// Recent denials: kept in memory, served newest first.
+	denialsKept        = 100
+	denialsDefault     = 10
+	maxDenialLineBytes = 4096
 )
 
 // policyLocalClient is what the API calls on the gateway, as the
@@ -67,6 +75,8 @@ type policyLocal struct {
 	poll time.Duration
 
 	enabled atomic.Bool
+	mu      sync.Mutex
+	denials []string // the last denialsKept denial lines, oldest first
 	// policy is the newest policy whose network rules the egress proxy
 	// installed (nil before the first).
 	policy atomic.Pointer[sandboxv1.SandboxPolicy]
@@ -82,6 +92,50 @@ func (pl *policyLocal) setSettings(s map[string]*sandboxv1.EffectiveSetting) {
 	if pl.enabled.Swap(on) != on {
 		pl.log.Info("policy.local agent proposals "+map[bool]string{true: "enabled", false: "disabled"}[on], "setting", agentProposalsKey)
 	}
+}
+
+// observe keeps ev when it is a denial (the egress proxy's OnEvent); a
+// nil policyLocal keeps nothing. Paths in events never carry a query.
+func (pl *policyLocal) observe(ev egress.Event) {
+	if pl == nil || ev.Decision != "deny" {
+		return
+	}
+	line := fmt.Sprintf("%s DENIED %s %s -> %s:%d", ev.Time.UTC().Format(time.RFC3339), ev.Kind, cmp.Or(ev.Binary, "-"), ev.Host, ev.Port)
+	if ev.Method != "" {
+		line += " " + ev.Method
+	}
+	if ev.Path != "" {
+		line += " " + ev.Path
+	}
+	if ev.Policy != "" {
+		line += " policy:" + ev.Policy
+	}
+	line += " reason: " + ev.Reason
+	if len(line) > maxDenialLineBytes {
+		line = strings.ToValidUTF8(line[:maxDenialLineBytes], "")
+	}
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	if len(pl.denials) == denialsKept {
+		pl.denials = slices.Delete(pl.denials, 0, 1)
+	}
+	pl.denials = append(pl.denials, line)
+}
+
+// recentDenials answers GET /v1/denials?last=N (default 10, clamped to
+// 1..100): the newest denial lines first.
+func (pl *policyLocal) recentDenials(last string) (int, jsonBody) {
+	n := denialsDefault
+	if v, err := strconv.ParseUint(last, 10, 32); err == nil {
+		n = int(min(max(v, 1), denialsKept))
+	}
+	pl.mu.Lock()
+	out := make([]string, 0, min(n, len(pl.denials)))
+	for i := len(pl.denials) - 1; i >= 0 && len(out) < n; i-- {
+		out = append(out, pl.denials[i])
+	}
+	pl.mu.Unlock()
+	return http.StatusOK, jsonBody{"denials": out, "log_available": true}
 }
 
 // setPolicy records p as the policy the proxy enforces.
@@ -106,7 +160,7 @@ func (pl *policyLocal) route(c net.Conn, req *http.Request) (int, jsonBody) {
 	case req.Method == http.MethodGet && path == routePolicyCurrent:
 		return pl.current()
 	case req.Method == http.MethodGet && path == routeDenials:
-		return http.StatusNotImplemented, errorBody("not_implemented", "recent denials are not served here; read them with `openshell logs`")
+		return pl.recentDenials(req.URL.Query().Get("last"))
 	case req.Method == http.MethodPost && path == routeProposals:
 		body, err := readPolicyLocalBody(c, req)
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -241,6 +242,49 @@ func TestPolicyLocalProposals(t *testing.T) {
 	for _, r := range [][2]string{{"GET", "/v1/nope"}, {"DELETE", "/v1/proposals"}, {"GET", "/v1/proposals/x/y"}, {"GET", "/v1/proposals/"}} {
 		if code, body := callPolicyLocal(t, c, r[0], r[1], ""); code != http.StatusNotFound || body["error"] != "not_found" {
 			t.Errorf("%s %s = %d %v, want 404 not_found", r[0], r[1], code, body)
+		}
+	}
+}
+
+// TestPolicyLocalDenials: GET /v1/denials serves the proxy's latest
+// denials (never its allows), newest first, last=N lines (default 10,
+// at most 100 kept and served).
+func TestPolicyLocalDenials(t *testing.T) {
+	pl := newPolicyLocal(t.Context(), slog.New(slog.DiscardHandler), &fakeDrafts{}, "sb")
+	pl.setSettings(enabledSettings(true))
+	c := policyLocalProxy(t, pl)
+	at := time.Date(2026, 12, 1, 18, 0, 0, 0, time.UTC)
+	for i := range 105 {
+		pl.observe(egress.Event{Time: at, Kind: "connect", Binary: "/usr/bin/curl", Host: "h" + strconv.Itoa(i) + ".test", Port: 443, Decision: "deny", Reason: "no matching network policy"})
+		pl.observe(egress.Event{Time: at, Kind: "connect", Binary: "/usr/bin/curl", Host: "ok.test", Port: 443, Decision: "allow", Policy: "ok"})
+	}
+	pl.observe(egress.Event{Time: at, Kind: "http", Binary: "/usr/bin/python3", Host: "api.test", Port: 80, Method: "DELETE", Path: "/v1/x", Policy: "api", Decision: "deny", Reason: "method not allowed"})
+	lines := func(query string) []any {
+		t.Helper()
+		code, body := callPolicyLocal(t, c, "GET", "/v1/denials"+query, "")
+		if code != http.StatusOK || body["log_available"] != true {
+			t.Fatalf("GET /v1/denials%s = %d %v", query, code, body)
+		}
+		return body["denials"].([]any)
+	}
+	got := lines("?last=2")
+	want := []any{
+		"2026-12-01T18:00:00Z DENIED http /usr/bin/python3 -> api.test:80 DELETE /v1/x policy:api reason: method not allowed",
+		"2026-12-01T18:00:00Z DENIED connect /usr/bin/curl -> h104.test:443 reason: no matching network policy",
+	}
+	if !cmp.Equal(got, want) {
+		t.Errorf("GET /v1/denials?last=2 = %q, want %q", got, want)
+	}
+	if n := len(lines("")); n != 10 {
+		t.Errorf("GET /v1/denials = %d lines, want the default 10", n)
+	}
+	all := lines("?last=1000")
+	if len(all) != 100 || all[99] != "2026-12-01T18:00:00Z DENIED connect /usr/bin/curl -> h6.test:443 reason: no matching network policy" {
+		t.Errorf("GET /v1/denials?last=1000 = %d lines ending %q, want the 100 kept", len(all), all[len(all)-1])
+	}
+	for _, l := range all {
+		if strings.Contains(l.(string), "ok.test") {
+			t.Errorf("an allowed connection is served as a denial: %q", l)
 		}
 	}
 }
