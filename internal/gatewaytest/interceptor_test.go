@@ -172,6 +172,9 @@ func TestGatewayInterceptorModifies(t *testing.T) {
 	if !strings.Contains(g.Logs(), "gateway interceptors initialized") {
 		t.Error("gateway log lacks the interceptor start-up line")
 	}
+	if !strings.Contains(g.Logs(), "interceptor uses a plaintext endpoint") {
+		t.Error("gateway log lacks the allow_insecure_transport warning")
+	}
 }
 
 // TestGatewayInterceptorVetoes: a validate veto answers FailedPrecondition

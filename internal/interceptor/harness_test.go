@@ -180,8 +180,16 @@ func (a *fakeAPI) CreateProvider(ctx context.Context, r *openshellv1.CreateProvi
 	return &openshellv1.ProviderResponse{Provider: r.GetProvider()}, nil
 }
 
+func (a *fakeAPI) SubmitPolicyAnalysis(_ context.Context, r *openshellv1.SubmitPolicyAnalysisRequest) (*openshellv1.SubmitPolicyAnalysisResponse, error) {
+	a.keep(r)
+	return &openshellv1.SubmitPolicyAnalysisResponse{}, nil
+}
+
 func (a *fakeAPI) UpdateConfig(_ context.Context, r *openshellv1.UpdateConfigRequest) (*openshellv1.UpdateConfigResponse, error) {
 	a.keep(r)
+	if r.GetName() == "fail" {
+		return nil, errdefs.NotFound("sandbox \"fail\"")
+	}
 	return &openshellv1.UpdateConfigResponse{Version: 7}, nil
 }
 

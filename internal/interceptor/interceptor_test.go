@@ -302,3 +302,34 @@ func TestPatchNamingTwoOneofMembers(t *testing.T) {
 		t.Fatalf("UpdateConfig = %v (handler runs %d), want InvalidArgument naming the oneof before dispatch", err, len(api.received()))
 	}
 }
+
+// TestPostCommitOnlyAfterSuccess: a failed handler is not observed and its
+// error reaches the caller unchanged.
+func TestPostCommitOnlyAfterSuccess(t *testing.T) {
+	f := startFake(t, manifest("fail_open", bind("o", rpcUpdateConfig, "", PostCommit)), "allow", "")
+	client, _, _ := serve(t, start(t, config("p", f)))
+	if _, err := client.UpdateConfig(t.Context(), &openshellv1.UpdateConfigRequest{Name: "fail"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("UpdateConfig = %v, want the handler's NotFound", err)
+	}
+	if evs, _ := f.evaluations(t); len(evs) != 0 {
+		t.Errorf("post_commit observed a failed call: %v", evs)
+	}
+	if _, err := client.UpdateConfig(t.Context(), &openshellv1.UpdateConfigRequest{Name: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	evs, _ := f.evaluations(t)
+	if len(evs) != 1 || evs[0].GetPostCommit().GetCommittedResponse().GetFields()["version"].GetNumberValue() != 7 {
+		t.Errorf("post_commit evaluations = %v, want one with version 7", evs)
+	}
+}
+
+// TestSubmitPolicyAnalysisInterceptable: an interceptor can refuse policy
+// proposals sent by a supervisor.
+func TestSubmitPolicyAnalysisInterceptable(t *testing.T) {
+	f := startFake(t, manifest("", bind("proposals", "openshell.v1.OpenShell/SubmitPolicyAnalysis", "", Validate)), "deny", "")
+	client, _, api := serve(t, start(t, config("p", f)))
+	_, err := client.SubmitPolicyAnalysis(t.Context(), &openshellv1.SubmitPolicyAnalysisRequest{Name: "sb", ProposedChunks: []*openshellv1.PolicyChunk{{}}})
+	if status.Code(err) != codes.FailedPrecondition || len(api.received()) != 0 {
+		t.Fatalf("SubmitPolicyAnalysis = %v (handler runs %d), want the veto", err, len(api.received()))
+	}
+}
