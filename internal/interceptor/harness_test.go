@@ -56,13 +56,13 @@ type fake struct {
 
 // startFake runs fakeinterceptor with the manifest (ProtoJSON), behavior
 // and patches (JSON array) and waits until it listens.
-func startFake(t testing.TB, manifest, behavior, patches string) *fake {
+func startFake(t testing.TB, manifest, behavior, patches string, extra ...string) *fake {
 	t.Helper()
 	if patches == "" {
 		patches = "[]"
 	}
 	rec := filepath.Join(t.TempDir(), "record.jsonl")
-	cmd := exec.Command(fakeBin, "-manifest", manifest, "-behavior", behavior, "-patches", patches, "-record", rec)
+	cmd := exec.Command(fakeBin, append([]string{"-manifest", manifest, "-behavior", behavior, "-patches", patches, "-record", rec}, extra...)...)
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -87,6 +87,9 @@ func startFake(t testing.TB, manifest, behavior, patches string) *fake {
 	case a, ok := <-addr:
 		if !ok || a == "" {
 			t.Fatal("fakeinterceptor exited before listening")
+		}
+		if strings.HasPrefix(a, "/") {
+			return &fake{endpoint: "unix://" + a, record: rec}
 		}
 		return &fake{endpoint: "http://" + a, record: rec}
 	case <-time.After(30 * time.Second):

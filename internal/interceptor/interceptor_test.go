@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -331,5 +332,21 @@ func TestSubmitPolicyAnalysisInterceptable(t *testing.T) {
 	_, err := client.SubmitPolicyAnalysis(t.Context(), &openshellv1.SubmitPolicyAnalysisRequest{Name: "sb", ProposedChunks: []*openshellv1.PolicyChunk{{}}})
 	if status.Code(err) != codes.FailedPrecondition || len(api.received()) != 0 {
 		t.Fatalf("SubmitPolicyAnalysis = %v (handler runs %d), want the veto", err, len(api.received()))
+	}
+}
+
+// TestUnixSocketEndpoint: a unix:// endpoint works without
+// allow_insecure_transport.
+func TestUnixSocketEndpoint(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "ic.sock")
+	f := startFake(t, manifest("", bind("v", rpcCreateProvider, "", Validate)), "deny", "", "-unix", sock)
+	if f.endpoint != "unix://"+sock {
+		t.Fatalf("endpoint = %q", f.endpoint)
+	}
+	c := config("local", f)
+	c.AllowInsecureTransport = false
+	client, _, _ := serve(t, start(t, c))
+	if _, err := client.CreateProvider(t.Context(), providerReq()); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("CreateProvider = %v, want the veto over the Unix socket", err)
 	}
 }

@@ -85,6 +85,7 @@ func main() {
 	behavior := flag.String("behavior", "allow", "allow, noop (allow, record nothing), deny, deny-plain, deny-post, crash or slow")
 	patches := flag.String("patches", "[]", "JSON array of JsonPatch (ProtoJSON) returned in modify_operation")
 	record := flag.String("record", "", "file the evaluations are appended to")
+	unixPath := flag.String("unix", "", "listen on this Unix socket instead of a loopback TCP port")
 	flag.Parse()
 	s := &server{behavior: *behavior, manifest: &gipb.InterceptorManifest{}}
 	if err := protojson.Unmarshal([]byte(*manifest), s.manifest); err != nil {
@@ -110,7 +111,11 @@ func main() {
 		os.Exit(2)
 	}
 	s.record = f
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	network, address := "tcp", "127.0.0.1:0"
+	if *unixPath != "" {
+		network, address = "unix", *unixPath
+	}
+	ln, err := net.Listen(network, address)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
