@@ -3,7 +3,16 @@ package interceptor
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"log/slog"
+	"math/big"
+	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -348,5 +357,45 @@ func TestUnixSocketEndpoint(t *testing.T) {
 	client, _, _ := serve(t, start(t, c))
 	if _, err := client.CreateProvider(t.Context(), providerReq()); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("CreateProvider = %v, want the veto over the Unix socket", err)
+	}
+}
+
+// TestHTTPSEndpoint: an https:// endpoint verified against
+// tls_ca_cert_path works; without the CA the handshake fails at start-up.
+func TestHTTPSEndpoint(t *testing.T) {
+	dir := t.TempDir()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "fake interceptor"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPath, keyPath := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	if err := os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f := startFake(t, manifest("", bind("v", rpcCreateProvider, "", Validate)), "deny", "", "-tls-cert", certPath, "-tls-key", keyPath)
+	c := config("tls", f)
+	c.Endpoint, c.AllowInsecureTransport, c.TLSCACertPath = "https://"+strings.TrimPrefix(f.endpoint, "http://"), false, certPath
+	client, _, _ := serve(t, start(t, c))
+	if _, err := client.CreateProvider(t.Context(), providerReq()); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("CreateProvider = %v, want the veto over TLS", err)
+	}
+	c.TLSCACertPath = ""
+	if _, err := Start(t.Context(), Options{Configs: []Config{c}}); err == nil || !strings.Contains(err.Error(), "describe") {
+		t.Errorf("Start without the CA = %v, want a describe (handshake) error", err)
 	}
 }

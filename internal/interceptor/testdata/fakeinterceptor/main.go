@@ -16,8 +16,10 @@ import (
 	"time"
 
 	"context"
+	"crypto/tls"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
@@ -86,6 +88,8 @@ func main() {
 	patches := flag.String("patches", "[]", "JSON array of JsonPatch (ProtoJSON) returned in modify_operation")
 	record := flag.String("record", "", "file the evaluations are appended to")
 	unixPath := flag.String("unix", "", "listen on this Unix socket instead of a loopback TCP port")
+	certFile := flag.String("tls-cert", "", "serve TLS with this certificate (PEM)")
+	keyFile := flag.String("tls-key", "", "and this key (PEM)")
 	flag.Parse()
 	s := &server{behavior: *behavior, manifest: &gipb.InterceptorManifest{}}
 	if err := protojson.Unmarshal([]byte(*manifest), s.manifest); err != nil {
@@ -120,7 +124,16 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	g := grpc.NewServer()
+	var opts []grpc.ServerOption
+	if *certFile != "" {
+		cert, err := tls.LoadX509KeyPair(*certFile, *keyFile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
+	}
+	g := grpc.NewServer(opts...)
 	gipb.RegisterGatewayInterceptorServer(g, s)
 	fmt.Printf("listening %s\n", ln.Addr())
 	if err := g.Serve(ln); err != nil {
