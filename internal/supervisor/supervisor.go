@@ -7,7 +7,9 @@
 // SSH server (a Unix socket inside the sandbox) or a loopback TCP port and
 // pumping the bytes over a RelayStream call, launches the sandbox's main
 // process and reports its exit, and streams its own log lines and the main
-// process's output with PushSandboxLogs.
+// process's output with PushSandboxLogs. Its egress proxy submits the
+// denials it saw to the policy advisor (advisor.go) and serves the
+// agents' policy.local API (policylocal.go, docs/policy.md).
 //
 // Run is the command entry point (configuration from OPENSHELL_* variables,
 // see docs/supervisor.md); Serve runs a supervisor from a Config built in

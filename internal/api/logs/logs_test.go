@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/api/apitest"
@@ -319,5 +320,48 @@ func TestPushSandboxLogsEndsWithCall(t *testing.T) {
 		case <-time.After(wait):
 			t.Fatalf("PushSandboxLogs still open %v after its caller left", wait)
 		}
+	}
+}
+
+// TestWatchSandboxDraftUpdates: a draft update of the sandbox reaches a
+// watch following events, as a draft_policy_update, and no watch that
+// does not follow events (which sees the next snapshot without it).
+func TestWatchSandboxDraftUpdates(t *testing.T) {
+	f := newFixture(t, false)
+	sb, err := f.Engine.Create(t.Context(), &openshellv1.CreateSandboxRequest{Name: "drafts"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.GetMetadata().GetId()
+	events := startWatch(t, f.svc, apitest.LocalDev, &openshellv1.WatchSandboxRequest{Id: id, FollowEvents: true}, 64)
+	status := startWatch(t, f.svc, apitest.LocalDev, &openshellv1.WatchSandboxRequest{Id: id, FollowStatus: true}, 64)
+	if ev, err := status.next(t); err != nil || ev.GetSandbox() == nil {
+		t.Fatalf("first event of the status watch = %v, %v; want the snapshot", ev, err)
+	}
+	// Both watches are subscribed once they sent something; the events
+	// watch replays the phase events first.
+	if ev, err := events.next(t); err != nil || ev.GetEvent() == nil {
+		t.Fatalf("first event of the events watch = %v, %v; want a replayed platform event", ev, err)
+	}
+	u := &openshellv1.DraftPolicyUpdate{DraftVersion: 3, NewChunks: 1, TotalPending: 2, Summary: "1 proposal(s) accepted (1 new chunk(s)), 0 rejected"}
+	f.Engine.PublishDraftUpdate(id, u)
+	for {
+		ev, err := events.next(t)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.GetEvent() != nil {
+			continue // the rest of the replay
+		}
+		if !proto.Equal(ev.GetDraftPolicyUpdate(), u) {
+			t.Fatalf("events watch got %v, want the draft update %v", ev, u)
+		}
+		break
+	}
+	if _, err := f.Engine.Stop(t.Context(), "", "drafts"); err != nil {
+		t.Fatal(err)
+	}
+	if ev, err := status.next(t); err != nil || ev.GetSandbox() == nil {
+		t.Fatalf("status watch after a draft update and a stop = %v, %v; want the next snapshot and no draft update", ev, err)
 	}
 }

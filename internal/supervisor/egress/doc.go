@@ -36,6 +36,12 @@
 //  6. reports the decision as an Event, counts it in Config.Metrics and
 //     counts denials in Denials.
 //
+// Two hosts are answered in the sandbox instead, without a policy
+// decision: inference.local (Config.Inference, inference.go) and
+// policy.local, the policy advisor's agent API (Config.PolicyLocal,
+// policylocal.go: plain http:// on port 80 only; another port or a
+// CONNECT is 400 invalid_policy_local_scheme).
+//
 // Dialing happens outside the sandbox's network namespace through the
 // Config.Dial function; the supervisor uses package hostdial for it.
 // Upstream connections of plain HTTP requests and of terminated tunnels
