@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pkg/sftp"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -70,6 +71,7 @@ func (a *app) newSandboxCreateCmd() *cobra.Command {
 		driverConfig        string
 		forward             string
 		policyFile          string
+		upload              string
 	)
 	cmd := &cobra.Command{
 		Use:   "create [flags] [-- CMD...]",
@@ -87,7 +89,9 @@ printed instead.
 driver name (e.g. {"kubernetes":{...}}) that the gateway hands to its compute
 driver; keys for other drivers are ignored by the gateway. --forward
 [LOCAL:]REMOTE starts a background forward (see 'openshell forward') once the
-sandbox is ready.
+sandbox is ready. --upload LOCAL[:REMOTE] copies a file or directory into the
+sandbox (see 'openshell sandbox upload') once it is ready, before the shell
+opens; the main process may already be running by then.
 
 Ctrl-C while the sandbox provisions asks whether to delete it.`,
 		Example: `  openshell sandbox create --name dev
@@ -160,7 +164,22 @@ Ctrl-C while the sandbox provisions asks whether to delete it.`,
 				}
 			}
 			req := &openshellv1.CreateSandboxRequest{Spec: spec, Name: name, Labels: lbl, Workspace: a.ws()}
+			upLocal, upRemote, _ := strings.Cut(upload, ":")
+			if upload != "" && upLocal == "" {
+				return usagef("invalid --upload %q: want LOCAL[:REMOTE]", upload)
+			}
 			return a.createSandbox(cmd.Context(), req, detach, func(name string) error {
+				if upload != "" {
+					report := a.stdout
+					if a.structured() {
+						report = a.stderr
+					}
+					if err := a.withSFTP(cmd.Context(), name, func(c *sftp.Client) error {
+						return a.upload(c, upLocal, upRemote, report)
+					}); err != nil {
+						return err
+					}
+				}
 				if forward == "" {
 					return nil
 				}
@@ -183,6 +202,7 @@ Ctrl-C while the sandbox provisions asks whether to delete it.`,
 	f.StringVar(&driverConfig, "driver-config-json", "", "driver-specific settings: a JSON object keyed by driver name")
 	f.StringVar(&policyFile, "policy", "", "sandbox policy YAML file (OpenShell's policy format; see 'openshell policy'; env OPENSHELL_SANDBOX_POLICY)")
 	_ = cmd.MarkFlagFilename("policy", "yaml", "yml")
+	f.StringVar(&upload, "upload", "", "once ready, copy a local file or directory into the sandbox (LOCAL[:REMOTE], REMOTE default /sandbox)")
 	f.StringVar(&forward, "forward", "", "once ready, forward 127.0.0.1:LOCAL to port REMOTE in the sandbox in the background ([LOCAL:]REMOTE)")
 	return cmd
 }

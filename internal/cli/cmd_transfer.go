@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -44,7 +45,7 @@ modification times are kept. Paths outside the sandbox's workspace are refused.`
 				remote = args[2]
 			}
 			return a.withSFTP(cmd.Context(), args[0], func(c *sftp.Client) error {
-				return a.upload(c, args[1], remote)
+				return a.upload(c, args[1], remote, a.stdout)
 			})
 		},
 	}
@@ -138,7 +139,7 @@ func transferError(err error) error {
 	return err
 }
 
-func (a *app) upload(c *sftp.Client, local, remote string) error {
+func (a *app) upload(c *sftp.Client, local, remote string, report io.Writer) error {
 	if remote == "" {
 		remote = sandboxWorkspace
 	}
@@ -204,7 +205,7 @@ func (a *app) upload(c *sftp.Client, local, remote string) error {
 			return err
 		}
 	}
-	_, _ = fmt.Fprintf(a.stdout, "Uploaded %d file(s), %d bytes to %s\n", files, bytes, dst)
+	_, _ = fmt.Fprintf(report, "Uploaded %d file(s), %d bytes to %s\n", files, bytes, dst)
 	return nil
 }
 

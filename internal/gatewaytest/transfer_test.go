@@ -149,6 +149,19 @@ func TestFileTransfer(t *testing.T) {
 		cl.ok("sandbox", "download", "files", "in", filepath.Join(back, "out"))
 		diffTrees(t, "downloaded tree", treeSums(t, tree), treeSums(t, filepath.Join(back, "out")))
 	})
+	t.Run("create --upload", func(t *testing.T) {
+		seed := filepath.Join(local, "tree", "d07")
+		out := cl.ok("sandbox", "create", "--name", "seeded", "--detach", "--upload", seed+":seed", "--", "sleep", "infinity")
+		if !strings.Contains(out, "Uploaded ") {
+			t.Errorf("sandbox create --upload printed %q, want the upload report", out)
+		}
+		got, err := c.GetSandbox(ctx, &openshellv1.GetSandboxRequest{Name: "seeded"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sws := filepath.Join(g.StateDir, "sandboxes", got.GetSandbox().GetMetadata().GetId(), "workspace")
+		diffTrees(t, "seeded tree", treeSums(t, seed), treeSums(t, filepath.Join(sws, "seed")))
+	})
 	t.Run("escapes refused", func(t *testing.T) {
 		if err := os.Symlink("/etc", filepath.Join(ws, "escape")); err != nil {
 			t.Fatal(err)
