@@ -36,6 +36,7 @@ import (
 	"github.com/openshell-go/openshell/internal/auth/oidc"
 	"github.com/openshell-go/openshell/internal/auth/sandboxjwt"
 	"github.com/openshell-go/openshell/internal/compute"
+	"github.com/openshell-go/openshell/internal/compute/computetrace"
 	"github.com/openshell-go/openshell/internal/compute/remote"
 	"github.com/openshell-go/openshell/internal/config"
 	"github.com/openshell-go/openshell/internal/credentials"
@@ -190,6 +191,10 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	driverName, driver, err := selectDriver(ctx, cfg, logger, "unix://"+cbPath)
 	if err != nil {
 		return err
+	}
+	if _, isRemote := driver.(*remote.Driver); tracing.Enabled && !isRemote {
+		// In-process drivers: a span per call (remote calls have their client spans).
+		driver = computetrace.New(driver, driverName)
 	}
 	if c, ok := driver.(io.Closer); ok {
 		cleanups = append(cleanups, func() { c.Close() })

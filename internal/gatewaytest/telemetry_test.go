@@ -64,8 +64,12 @@ func TestTracingFlushedOnSIGTERM(t *testing.T) {
 	rcv.WaitFor(t, time.Second, "a store span under ListSandboxes", func(s telemetrytest.Span) bool {
 		return strings.HasPrefix(s.Name, "store.") && s.ParentSpanID == srv.SpanID && s.TraceID == srv.TraceID
 	})
-	rcv.WaitFor(t, time.Second, "lifecycle.Recover as its own root", func(s telemetrytest.Span) bool {
+	recov := rcv.WaitFor(t, time.Second, "lifecycle.Recover as its own root", func(s telemetrytest.Span) bool {
 		return s.Name == "lifecycle.Recover" && s.ParentSpanID == ""
+	})
+	// The in-process driver's calls are children of their caller's span.
+	rcv.WaitFor(t, time.Second, "compute.List of the process driver under lifecycle.Recover", func(s telemetrytest.Span) bool {
+		return s.Name == "compute.List" && s.ParentSpanID == recov.SpanID && s.Attrs["openshell.compute.driver"] == "process"
 	})
 
 	data, err := os.ReadFile(events)
