@@ -5,7 +5,8 @@
 # endpoints answered to curl's default negotiation), docker.io (docker driver suites: dockerd,
 # started by test/docker/start.sh), iproute2 and util-linux's nsenter and setpriv (the
 # nftables fence tests: a veth pair to a peer namespace, a pod's capability set), runc and
-# containernetworking-plugins (the one-node Kubernetes harness).
+# containernetworking-plugins (the one-node Kubernetes harness), chromium (the headless
+# browser test of service URLs).
 # Needs root and apt-get; otherwise it says what to install and returns 1.
 set -euo pipefail
 pkgs=()
@@ -25,6 +26,8 @@ command -v ip >/dev/null 2>&1 || pkgs+=(iproute2)
 # The one-node Kubernetes harness (test/k8s/node.sh): runc and the CNI plugins.
 command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || pkgs+=(runc)
 [ -x /usr/lib/cni/bridge ] || pkgs+=(containernetworking-plugins)
+# Headless browser test of sandbox service URLs (internal/gatewaytest).
+command -v chromium >/dev/null 2>&1 || pkgs+=(chromium)
 if [ "${#pkgs[@]}" -eq 0 ]; then
   exit 0
 fi

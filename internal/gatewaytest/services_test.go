@@ -2,6 +2,7 @@ package gatewaytest
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha1"
@@ -12,6 +13,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -183,6 +186,9 @@ func TestServiceRouting(t *testing.T) {
 			t.Errorf("GET unknown service = %v %v, want 404", resp, err)
 		}
 	})
+	t.Run("headless chromium", func(t *testing.T) {
+		chromiumDOM(t, url)
+	})
 	t.Run("cli", func(t *testing.T) {
 		cl := newCLI(t, g)
 		out := cl.ok("service", "expose", "web", "9999", "extra")
@@ -291,5 +297,41 @@ func wsEchoRoundTrip(t *testing.T, addr, host string) {
 	}
 	if h[0] != 0x81 || string(got) != string(msg) {
 		t.Fatalf("echo frame = %#x %q, want text %q", h[0], got, msg)
+	}
+}
+
+// chromiumDOM loads url in headless Chromium (which resolves *.localhost to
+// loopback itself) and checks the DOM after the page's script ran. Without
+// chromium the test skips, and fails under CI=true.
+func chromiumDOM(t *testing.T, url string) {
+	t.Helper()
+	bin := ""
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			bin = p
+			break
+		}
+	}
+	if bin == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("chromium is not installed (test/install-deps.sh installs it)")
+		}
+		t.Skip("chromium is not installed")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+		"--user-data-dir="+TempDir(t), "--virtual-time-budget=5000", "--dump-dom", url)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("chromium --dump-dom %s: %v\n%s", url, err, stderr.String())
+	}
+	host := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/")
+	for _, want := range []string{`<h1 id="title">sandbox app</h1>`, `<p id="status">rendered by ` + host + `</p>`} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("chromium DOM of %s lacks %q:\n%s", url, want, out)
+		}
 	}
 }
