@@ -56,6 +56,18 @@ func checkHTTPURL(s string) error {
 	return nil
 }
 
+// checkSecretRef checks the NAMESPACE/NAME form; the gateway validates the
+// names themselves when it reads the Secret.
+func checkSecretRef(s string) error {
+	if s == "" {
+		return nil
+	}
+	if ns, name, ok := strings.Cut(s, "/"); !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return fmt.Errorf("%q is not NAMESPACE/NAME", s)
+	}
+	return nil
+}
+
 func checkSecurityEventSink(s string) error {
 	if s == "" || s == "stdout" || strings.HasPrefix(s, "/") {
 		return nil

@@ -11,17 +11,20 @@ import (
 
 // Defaults.
 const (
-	DefaultBindAddress     = "127.0.0.1"
-	DefaultPort            = 17670
-	DefaultLogLevel        = "info"
-	DefaultOIDCAudience    = "openshell-cli"
-	DefaultOIDCRolesClaim  = "realm_access.roles"
-	DefaultOIDCAdminRole   = "openshell-admin"
-	DefaultOIDCUserRole    = "openshell-user"
-	DefaultSSHSessionTTL   = 24 * time.Hour
-	DefaultDatabaseWait    = 60 * time.Second
-	DefaultLocalGatewayID  = "openshell"
-	defaultGatewayFileName = "gateway.toml"
+	DefaultBindAddress    = "127.0.0.1"
+	DefaultPort           = 17670
+	DefaultLogLevel       = "info"
+	DefaultOIDCAudience   = "openshell-cli"
+	DefaultOIDCRolesClaim = "realm_access.roles"
+	DefaultOIDCAdminRole  = "openshell-admin"
+	DefaultOIDCUserRole   = "openshell-user"
+	DefaultSSHSessionTTL  = 24 * time.Hour
+	DefaultDatabaseWait   = 60 * time.Second
+	DefaultLocalGatewayID = "openshell"
+	// DefaultCredentialsKEKSecretKey is the data key of the key-encryption
+	// key in a --credentials-kek-secret Secret.
+	DefaultCredentialsKEKSecretKey = "kek"
+	defaultGatewayFileName         = "gateway.toml"
 )
 
 // EnvCredentialsKEK carries the provider credentials' key-encryption key
@@ -72,6 +75,12 @@ type Config struct {
 	// rotated out: values wrapped under them are re-wrapped at start.
 	CredentialsPreviousKEKFiles []string
 	CredentialsPreviousKEKs     []string
+	// CredentialsKEKSecret is the Kubernetes Secret NAMESPACE/NAME holding
+	// the key-encryption key under data key CredentialsKEKSecretKey (and
+	// previous keys under previous-<key>...); when set, CredentialsKEKFile
+	// and CredentialsKEK are empty.
+	CredentialsKEKSecret    string
+	CredentialsKEKSecretKey string
 
 	// Drivers is the compute driver list (empty = auto-detect).
 	Drivers []string

@@ -668,6 +668,41 @@ func TestCredentialsKEK(t *testing.T) {
 	}
 }
 
+// TestCredentialsKEKSecret: the Kubernetes Secret source takes no file
+// (no default in the state directory), has a default data key, and is
+// refused with any other source, naming both.
+func TestCredentialsKEKSecret(t *testing.T) {
+	cfg, err := load(t, []string{"--disable-tls", "--state-dir", "/s", "--credentials-kek-secret", "ns/kek"}, nil)
+	if err != nil || cfg.CredentialsKEKSecret != "ns/kek" || cfg.CredentialsKEKSecretKey != "kek" || cfg.CredentialsKEKFile != "" || cfg.CredentialsKEK != "" {
+		t.Fatalf("--credentials-kek-secret = %+v, %v", cfg, err)
+	}
+	cfg, err = load(t, []string{"--disable-tls"}, map[string]string{"OPENSHELL_CREDENTIALS_KEK_SECRET": "ns/kek", "OPENSHELL_CREDENTIALS_KEK_SECRET_KEY": "k2"})
+	if err != nil || cfg.CredentialsKEKSecret != "ns/kek" || cfg.CredentialsKEKSecretKey != "k2" {
+		t.Fatalf("env = %+v, %v", cfg, err)
+	}
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"secret and file", []string{"--credentials-kek-secret", "ns/kek", "--credentials-kek-file", "/k"}, nil, "--credentials-kek-secret and --credentials-kek-file are exclusive key-encryption key sources: set one"},
+		{"secret and env", []string{"--credentials-kek-secret", "ns/kek"}, map[string]string{EnvCredentialsKEK: "a2V5"}, EnvCredentialsKEK + " and --credentials-kek-secret are exclusive key-encryption key sources: set one"},
+		{"env and file", []string{"--credentials-kek-file", "/k"}, map[string]string{EnvCredentialsKEK: "a2V5"}, EnvCredentialsKEK + " and --credentials-kek-file are exclusive key-encryption key sources: set one"},
+		{"all three", []string{"--credentials-kek-file", "/k"}, map[string]string{EnvCredentialsKEK: "a2V5", "OPENSHELL_CREDENTIALS_KEK_SECRET": "ns/kek"}, EnvCredentialsKEK + " and --credentials-kek-secret and --credentials-kek-file are exclusive"},
+		{"key without secret", []string{"--credentials-kek-secret-key", "k"}, nil, "--credentials-kek-secret-key needs --credentials-kek-secret"},
+		{"not namespace/name", []string{"--credentials-kek-secret", "kek"}, nil, `"kek" is not NAMESPACE/NAME`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := load(t, append([]string{"--disable-tls"}, tt.args...), tt.env)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Load(%v, %v) = %v; want %q", tt.args, tt.env, err, tt.want)
+			}
+		})
+	}
+}
+
 func TestSecurityEventSettings(t *testing.T) {
 	file := writeFile(t, filepath.Join(t.TempDir(), "gw.toml"), `
 [openshell]

@@ -47,6 +47,8 @@ type settings struct {
 	stateDir            string
 	kekFile             string
 	prevKEKFiles        []string
+	kekSecret           string
+	kekSecretKey        string
 	localTLSDir         string
 	sshTTL              int
 	dbWait              int
@@ -150,6 +152,8 @@ var specs = []*spec{
 	{name: "allow-unauthenticated-users", env: "OPENSHELL_ALLOW_UNAUTHENTICATED_USERS", kind: kBool, def: "false", usage: "requests without credentials run as the local-dev user (trusted local use only)", bool: func(s *settings) *bool { return &s.allowUnauth }},
 	{name: "state-dir", env: "OPENSHELL_STATE_DIR", def: "$XDG_STATE_HOME/openshell/gateway", usage: "gateway state directory", str: func(s *settings) *string { return &s.stateDir }},
 	{name: "credentials-kek-file", env: "OPENSHELL_CREDENTIALS_KEK_FILE", usage: "key-encryption key file for provider credentials (default <state-dir>/credentials.kek, created 0600 at first start); the key itself may instead come from OPENSHELL_CREDENTIALS_KEK", str: func(s *settings) *string { return &s.kekFile }},
+	{name: "credentials-kek-secret", env: "OPENSHELL_CREDENTIALS_KEK_SECRET", usage: "Kubernetes Secret NAMESPACE/NAME holding the key-encryption key of provider credentials (created with 32 random bytes when absent and the gateway may create it); exclusive with --credentials-kek-file and OPENSHELL_CREDENTIALS_KEK", str: func(s *settings) *string { return &s.kekSecret }, check: func(s *settings) error { return checkSecretRef(s.kekSecret) }},
+	{name: "credentials-kek-secret-key", env: "OPENSHELL_CREDENTIALS_KEK_SECRET_KEY", def: DefaultCredentialsKEKSecretKey, usage: "data key of the key-encryption key in --credentials-kek-secret; previous keys are under previous-<key> and previous-<key>-*", str: func(s *settings) *string { return &s.kekSecretKey }},
 	{name: "credentials-previous-kek-file", env: "OPENSHELL_CREDENTIALS_PREVIOUS_KEK_FILE", kind: kList, usage: "previous key-encryption key file(s), comma separated or repeated: credentials wrapped under them are re-wrapped under the current key at start", list: func(s *settings) *[]string { return &s.prevKEKFiles }},
 	{name: "local-tls-dir", env: "OPENSHELL_LOCAL_TLS_DIR", def: "$XDG_STATE_HOME/openshell/tls", usage: "generate-certs output consulted for TLS/JWT auto-discovery", str: func(s *settings) *string { return &s.localTLSDir }},
 	{name: "database-wait-secs", env: "OPENSHELL_DATABASE_WAIT_SECS", kind: kInt, def: strconv.Itoa(int(DefaultDatabaseWait / time.Second)), usage: "how long start-up waits for an unreachable database, in seconds (0 = fail at once)", num: func(s *settings) *int { return &s.dbWait }, check: func(s *settings) error { return checkNonNegative(s.dbWait) }},

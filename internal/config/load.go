@@ -344,13 +344,35 @@ func (s *settings) resolve(cfg *Config, file *fileRoot, lookupEnv LookupEnv) err
 	// The provider credentials' key-encryption key: the environment
 	// variable (never a flag: a key on the command line is visible to every
 	// local user) or a file, by default in the state directory.
+	// Exactly one source: the variable, a Secret or a file.
 	cfg.CredentialsKEKFile = s.kekFile
-	if v, ok := lookupEnv(EnvCredentialsKEK); ok && v != "" {
-		cfg.CredentialsKEK = v
-		if s.kekFile != "" {
-			fail("%s and --credentials-kek-file are exclusive: set one", EnvCredentialsKEK)
+	cfg.CredentialsKEKSecret = s.kekSecret
+	envKEK, _ := lookupEnv(EnvCredentialsKEK)
+	var kekSources []string
+	if envKEK != "" {
+		kekSources = append(kekSources, EnvCredentialsKEK)
+	}
+	if s.kekSecret != "" {
+		kekSources = append(kekSources, "--credentials-kek-secret")
+	}
+	if s.kekFile != "" {
+		kekSources = append(kekSources, "--credentials-kek-file")
+	}
+	if len(kekSources) > 1 {
+		fail("%s are exclusive key-encryption key sources: set one", strings.Join(kekSources, " and "))
+	}
+	if s.source["credentials-kek-secret-key"] != "" && s.kekSecret == "" {
+		fail("--credentials-kek-secret-key needs --credentials-kek-secret")
+	}
+	switch {
+	case envKEK != "":
+		cfg.CredentialsKEK = envKEK
+	case s.kekSecret != "":
+		cfg.CredentialsKEKSecretKey = s.kekSecretKey
+		if cfg.CredentialsKEKSecretKey == "" {
+			cfg.CredentialsKEKSecretKey = DefaultCredentialsKEKSecretKey
 		}
-	} else if cfg.CredentialsKEKFile == "" && cfg.StateDir != "" {
+	case cfg.CredentialsKEKFile == "" && cfg.StateDir != "":
 		cfg.CredentialsKEKFile = filepath.Join(cfg.StateDir, "credentials.kek")
 	}
 	cfg.CredentialsPreviousKEKFiles = s.prevKEKFiles

@@ -13,7 +13,8 @@
 // still opens values wrapped under the old ones; Rewrap moves a value's
 // data key to the new KEK without touching its ciphertext.
 //
-// The KEK comes from an environment variable (base64 of 32 bytes) or from a
-// 0600 file that LoadOrCreateKEK generates on first start. A Keyring is
-// safe for concurrent use.
+// The KEK comes from an environment variable (base64 of 32 bytes), from a
+// 0600 file that LoadOrCreateKEK generates on first start, or from a
+// Kubernetes Secret (package credentials/k8s). A Keyring is safe for
+// concurrent use.
 package credentials

@@ -40,6 +40,7 @@ import (
 	"github.com/openshell-go/openshell/internal/compute/remote"
 	"github.com/openshell-go/openshell/internal/config"
 	"github.com/openshell-go/openshell/internal/credentials"
+	credk8s "github.com/openshell-go/openshell/internal/credentials/k8s"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/interceptor"
 	"github.com/openshell-go/openshell/internal/lifecycle"
@@ -52,6 +53,9 @@ import (
 	storeopen "github.com/openshell-go/openshell/internal/store/open"
 	"github.com/openshell-go/openshell/internal/store/storetrace"
 	"github.com/openshell-go/openshell/internal/version"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 // Run runs openshell-gateway with args (without the program name).
@@ -209,12 +213,12 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	if issuer != nil {
 		minter = issuer
 	}
-	keyring, err := loadKEK(cfg)
+	keyring, nPrev, err := loadKEK(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
 	provs := providers.NewStore(providers.Options{Objects: st, Keyring: keyring})
-	if err := rewrapCredentials(ctx, cfg, logger, provs); err != nil {
+	if err := rewrapCredentials(ctx, nPrev, logger, provs); err != nil {
 		return err
 	}
 	engine, err := lifecycle.New(ctx, lifecycle.Options{
@@ -596,54 +600,96 @@ func driverTable(path, name string) (map[string]any, error) {
 	return table, nil
 }
 
-// loadKEK returns the key-encryption key of provider credentials: from
-// the environment variable when set, else from its file (created 0600 on
-// first start), with the previous keys of a rotation added.
-func loadKEK(cfg *config.Config) (*credentials.Keyring, error) {
+// loadKEK returns the key-encryption key of provider credentials, from
+// exactly one source: the environment variable, a Kubernetes Secret
+// (created when absent and allowed) or a file (created 0600 on first
+// start), with the previous keys of a rotation added. It also returns how
+// many previous keys there are.
+func loadKEK(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*credentials.Keyring, int, error) {
 	var cur *credentials.Keyring
-	if cfg.CredentialsKEK != "" {
+	var prev []*credentials.Keyring
+	switch {
+	case cfg.CredentialsKEK != "":
 		kek, err := credentials.ParseKEK(cfg.CredentialsKEK)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", config.EnvCredentialsKEK, err)
+			return nil, 0, fmt.Errorf("%s: %w", config.EnvCredentialsKEK, err)
 		}
 		if cur, err = credentials.NewKeyring(kek); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-	} else {
+	case cfg.CredentialsKEKSecret != "":
+		keys, err := loadKEKSecret(ctx, cfg)
+		if err != nil {
+			return nil, 0, err
+		}
+		cur, prev = keys.Current, keys.Previous
+		if keys.Created {
+			logger.Info("created the key-encryption key secret", "secret", cfg.CredentialsKEKSecret, "data_key", cfg.CredentialsKEKSecretKey, "kek_id", cur.ID())
+		}
+	default:
 		var err error
 		if cur, err = credentials.LoadOrCreateKEK(cfg.CredentialsKEKFile); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
-	var prev []*credentials.Keyring
 	for _, f := range cfg.CredentialsPreviousKEKFiles {
 		k, err := credentials.LoadKEKFile(f)
 		if err != nil {
-			return nil, fmt.Errorf("--credentials-previous-kek-file: %w", err)
+			return nil, 0, fmt.Errorf("--credentials-previous-kek-file: %w", err)
 		}
 		prev = append(prev, k)
 	}
 	for i, v := range cfg.CredentialsPreviousKEKs {
 		kek, err := credentials.ParseKEK(v)
 		if err != nil {
-			return nil, fmt.Errorf("%s (entry %d): %w", config.EnvCredentialsPreviousKEK, i+1, err)
+			return nil, 0, fmt.Errorf("%s (entry %d): %w", config.EnvCredentialsPreviousKEK, i+1, err)
 		}
 		k, err := credentials.NewKeyring(kek)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		prev = append(prev, k)
 	}
 	if len(prev) == 0 {
-		return cur, nil
+		return cur, 0, nil
 	}
-	return cur.WithPrevious(prev...), nil
+	return cur.WithPrevious(prev...), len(prev), nil
+}
+
+// loadKEKSecret reads (or creates) the --credentials-kek-secret Secret with
+// the kubernetes driver's kubeconfig when one is configured, else the
+// in-cluster configuration.
+func loadKEKSecret(ctx context.Context, cfg *config.Config) (credk8s.Keys, error) {
+	ns, name, err := credk8s.ParseRef(cfg.CredentialsKEKSecret)
+	if err != nil {
+		return credk8s.Keys{}, fmt.Errorf("--credentials-kek-secret: %w", err)
+	}
+	if err := credk8s.ValidKey(cfg.CredentialsKEKSecretKey); err != nil {
+		return credk8s.Keys{}, fmt.Errorf("--credentials-kek-secret-key: %w", err)
+	}
+	kubeconfig, _ := cfg.DriverConfigs["kubernetes"]["kubeconfig"].(string)
+	var rc *rest.Config
+	if kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else if rc, err = rest.InClusterConfig(); err != nil {
+		err = fmt.Errorf("%w (outside a cluster, set kubeconfig in [openshell.drivers.kubernetes])", err)
+	}
+	if err != nil {
+		return credk8s.Keys{}, fmt.Errorf("--credentials-kek-secret: kubernetes client: %w", err)
+	}
+	rc.UserAgent = "openshell-gateway/" + version.Version
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return credk8s.Keys{}, fmt.Errorf("--credentials-kek-secret: kubernetes client: %w", err)
+	}
+	s := &credk8s.Secret{Client: client, Namespace: ns, Name: name, Key: cfg.CredentialsKEKSecretKey}
+	return s.Load(ctx)
 }
 
 // rewrapCredentials moves credentials wrapped under previous KEKs to the
-// current one when a rotation is configured.
-func rewrapCredentials(ctx context.Context, cfg *config.Config, logger *slog.Logger, provs *providers.Store) error {
-	if len(cfg.CredentialsPreviousKEKFiles)+len(cfg.CredentialsPreviousKEKs) == 0 {
+// current one when a rotation is configured (nPrev previous keys).
+func rewrapCredentials(ctx context.Context, nPrev int, logger *slog.Logger, provs *providers.Store) error {
+	if nPrev == 0 {
 		return nil
 	}
 	n, err := provs.RewrapAll(ctx)

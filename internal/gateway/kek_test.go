@@ -24,17 +24,17 @@ func TestLoadKEK(t *testing.T) {
 		key[i] = byte(i)
 	}
 	want, _ := credentials.NewKeyring(key)
-	k, err := loadKEK(&config.Config{CredentialsKEK: base64.StdEncoding.EncodeToString(key)})
+	k, _, err := loadKEK(t.Context(), &config.Config{CredentialsKEK: base64.StdEncoding.EncodeToString(key)}, slog.New(slog.DiscardHandler))
 	if err != nil || k.ID() != want.ID() {
 		t.Fatalf("loadKEK(env) = %v, %v; want id %s", k, err, want.ID())
 	}
 	const bad = "not-a-key-but-a-secret-looking-string"
-	_, err = loadKEK(&config.Config{CredentialsKEK: bad})
+	_, _, err = loadKEK(t.Context(), &config.Config{CredentialsKEK: bad}, slog.New(slog.DiscardHandler))
 	if err == nil || strings.Contains(err.Error(), bad) {
 		t.Fatalf("loadKEK(malformed) = %v, want an error that does not echo the value", err)
 	}
 	path := filepath.Join(t.TempDir(), "state", "credentials.kek")
-	if _, err := loadKEK(&config.Config{CredentialsKEKFile: path}); err != nil {
+	if _, _, err := loadKEK(t.Context(), &config.Config{CredentialsKEKFile: path}, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
 	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
@@ -55,7 +55,7 @@ func TestKEKRotation(t *testing.T) {
 	defer st.Close()
 	oldFile := filepath.Join(dir, "old.kek")
 	oldCfg := &config.Config{CredentialsKEKFile: oldFile}
-	oldKR, err := loadKEK(oldCfg)
+	oldKR, _, err := loadKEK(t.Context(), oldCfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,14 +66,14 @@ func TestKEKRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	newCfg := &config.Config{CredentialsKEKFile: filepath.Join(dir, "new.kek"), CredentialsPreviousKEKFiles: []string{oldFile}}
-	kr, err := loadKEK(newCfg)
+	kr, nPrev, err := loadKEK(t.Context(), newCfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := rewrapCredentials(ctx, newCfg, slog.New(slog.DiscardHandler), providers.NewStore(providers.Options{Objects: st, Keyring: kr})); err != nil {
+	if err := rewrapCredentials(ctx, nPrev, slog.New(slog.DiscardHandler), providers.NewStore(providers.Options{Objects: st, Keyring: kr})); err != nil {
 		t.Fatal(err)
 	}
-	onlyNew, err := loadKEK(&config.Config{CredentialsKEKFile: newCfg.CredentialsKEKFile})
+	onlyNew, _, err := loadKEK(t.Context(), &config.Config{CredentialsKEKFile: newCfg.CredentialsKEKFile}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestKEKRotation(t *testing.T) {
 		t.Fatalf("Resolve with the new KEK only = %q, %v", v, err)
 	}
 	missing := filepath.Join(dir, "missing.kek")
-	if _, err := loadKEK(&config.Config{CredentialsKEKFile: newCfg.CredentialsKEKFile, CredentialsPreviousKEKFiles: []string{missing}}); err == nil {
+	if _, _, err := loadKEK(t.Context(), &config.Config{CredentialsKEKFile: newCfg.CredentialsKEKFile, CredentialsPreviousKEKFiles: []string{missing}}, slog.New(slog.DiscardHandler)); err == nil {
 		t.Error("a missing previous KEK file was accepted")
 	}
 	if _, err := os.Stat(missing); err == nil {
