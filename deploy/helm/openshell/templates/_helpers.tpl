@@ -66,6 +66,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-jwt" (include "openshell.fullname" .)) .Values.pki.jwtSecretName -}}
 {{- end -}}
 
+{{- define "openshell.kekSecretName" -}}
+{{- default (printf "%s-credentials-kek" (include "openshell.fullname" .)) .Values.server.credentialsKEK.secretName -}}
+{{- end -}}
+
 {{- define "openshell.supervisorImage" -}}
 {{- default (printf "openshell-sandbox:%s" .Chart.AppVersion) .Values.server.drivers.kubernetes.supervisorImage -}}
 {{- end -}}
@@ -133,6 +137,13 @@ Usage: include "openshell.tomlNameList" (list "selectableServiceAccountNames" .V
 {{- end -}}
 {{- if not (kindIs "bool" $k.allowAdoption) -}}
 {{- fail (printf "server.drivers.kubernetes.allowAdoption must be true or false, not %q" (toString $k.allowAdoption)) -}}
+{{- end -}}
+{{- $kek := .Values.server.credentialsKEK -}}
+{{- if not (and (kindIs "bool" $kek.secret) (kindIs "bool" $kek.createSecret)) -}}
+{{- fail "server.credentialsKEK.secret and server.credentialsKEK.createSecret must be true or false" -}}
+{{- end -}}
+{{- if and $kek.secret (empty $kek.secretKey) -}}
+{{- fail "server.credentialsKEK.secretKey must not be empty" -}}
 {{- end -}}
 {{- if and (gt (int .Values.replicaCount) 1) (not (include "openshell.externalDB" .)) -}}
 {{- fail "replicaCount > 1 needs an external database (server.database.url or server.database.existingSecret); SQLite serves one replica" -}}
