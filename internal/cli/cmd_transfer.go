@@ -154,6 +154,16 @@ func (a *app) upload(c *sftp.Client, local, remote string, report io.Writer) err
 	if rfi, err := c.Stat(dst); err == nil && rfi.IsDir() {
 		dst = path.Join(dst, filepath.Base(filepath.Clean(local)))
 	}
+	var total int64
+	_ = filepath.WalkDir(local, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if info, err := d.Info(); err == nil {
+				total += info.Size()
+			}
+		}
+		return nil
+	})
+	m := newMeter(a.stderr, a.stderrTerminal(), "Uploading", total)
 	var files, bytes int64
 	err = filepath.WalkDir(local, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -180,7 +190,7 @@ func (a *app) upload(c *sftp.Client, local, remote string, report io.Writer) err
 			}
 			return nil
 		case info.Mode().IsRegular():
-			n, err := putFile(c, p, target, info)
+			n, err := putFile(c, p, target, info, m)
 			files++
 			bytes += n
 			return err
@@ -189,6 +199,7 @@ func (a *app) upload(c *sftp.Client, local, remote string, report io.Writer) err
 			return nil
 		}
 	})
+	m.stop()
 	if err != nil {
 		return err
 	}
@@ -209,7 +220,7 @@ func (a *app) upload(c *sftp.Client, local, remote string, report io.Writer) err
 	return nil
 }
 
-func putFile(c *sftp.Client, local, remote string, info fs.FileInfo) (int64, error) {
+func putFile(c *sftp.Client, local, remote string, info fs.FileInfo, m *meter) (int64, error) {
 	in, err := os.Open(local)
 	if err != nil {
 		return 0, err
@@ -219,7 +230,7 @@ func putFile(c *sftp.Client, local, remote string, info fs.FileInfo) (int64, err
 	if err != nil {
 		return 0, fmt.Errorf("create %s: %w", remote, err)
 	}
-	n, err := out.ReadFrom(in)
+	n, err := out.ReadFrom(meterReader{r: in, m: m})
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
@@ -267,31 +278,44 @@ func (a *app) download(c *sftp.Client, remote, local string) error {
 	if lfi, err := os.Stat(local); err == nil && lfi.IsDir() {
 		dst = filepath.Join(local, path.Base(src))
 	}
-	var files, bytes int64
-	var dirs []string
-	w := c.Walk(src)
-	for w.Step() {
+	type entry struct {
+		path string
+		info fs.FileInfo
+	}
+	var entries []entry
+	var total int64
+	for w := c.Walk(src); w.Step(); {
 		if err := w.Err(); err != nil {
 			return err
 		}
-		info := w.Stat()
-		rel := strings.TrimPrefix(strings.TrimPrefix(w.Path(), src), "/")
+		entries = append(entries, entry{w.Path(), w.Stat()})
+		if w.Stat().Mode().IsRegular() {
+			total += w.Stat().Size()
+		}
+	}
+	m := newMeter(a.stderr, a.stderrTerminal(), "Downloading", total)
+	defer m.stop()
+	var files, bytes int64
+	var dirs []string
+	for _, e := range entries {
+		info := e.info
+		rel := strings.TrimPrefix(strings.TrimPrefix(e.path, src), "/")
 		target := filepath.Join(dst, filepath.FromSlash(rel))
 		switch {
 		case info.IsDir():
 			if err := os.MkdirAll(target, 0o700); err != nil {
 				return err
 			}
-			dirs = append(dirs, w.Path())
+			dirs = append(dirs, e.path)
 		case info.Mode().IsRegular():
-			n, err := getFile(c, w.Path(), target, info)
+			n, err := getFile(c, e.path, target, info, m)
 			files++
 			bytes += n
 			if err != nil {
 				return err
 			}
 		default:
-			_, _ = fmt.Fprintf(a.stderr, "skipping %s: not a regular file or directory\n", w.Path())
+			_, _ = fmt.Fprintf(a.stderr, "skipping %s: not a regular file or directory\n", e.path)
 		}
 	}
 	for i := len(dirs) - 1; i >= 0; i-- {
@@ -312,7 +336,7 @@ func (a *app) download(c *sftp.Client, remote, local string) error {
 	return nil
 }
 
-func getFile(c *sftp.Client, remote, local string, info fs.FileInfo) (int64, error) {
+func getFile(c *sftp.Client, remote, local string, info fs.FileInfo, m *meter) (int64, error) {
 	in, err := c.Open(remote)
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", remote, err)
@@ -322,7 +346,7 @@ func getFile(c *sftp.Client, remote, local string, info fs.FileInfo) (int64, err
 	if err != nil {
 		return 0, err
 	}
-	n, err := in.WriteTo(out)
+	n, err := in.WriteTo(meterWriter{w: out, m: m})
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
