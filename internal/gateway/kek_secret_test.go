@@ -212,6 +212,13 @@ func TestKEKSecretStartErrors(t *testing.T) {
 	}
 	os.Unsetenv(config.EnvCredentialsKEK)
 
+	// Outside a cluster without the kubernetes driver's kubeconfig.
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	_, _, err = loadKEK(t.Context(), &config.Config{CredentialsKEKSecret: "ns/kek", CredentialsKEKSecretKey: "kek"}, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "--credentials-kek-secret: kubernetes client:") || !strings.Contains(err.Error(), "outside a cluster, set kubeconfig in [openshell.drivers.kubernetes]") {
+		t.Errorf("loadKEK(no cluster) = %v", err)
+	}
+
 	// No rights on the Secret: the start fails naming it.
 	c := k8stest.Start(t, k8stest.Options{})
 	ns := c.CreateNamespace(t, "")
