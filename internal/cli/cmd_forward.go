@@ -29,7 +29,7 @@ func (a *app) newForwardCmd() *cobra.Command {
 		Short:   "Forward local TCP ports to ports inside sandboxes",
 		RunE:    groupRunE,
 	}
-	cmd.AddCommand(a.newForwardStartCmd(), a.newForwardListCmd(), a.newForwardStopCmd())
+	cmd.AddCommand(a.newForwardStartCmd(), a.newForwardServiceCmd(), a.newForwardListCmd(), a.newForwardStopCmd())
 	return cmd
 }
 
@@ -91,9 +91,45 @@ forward list' and 'openshell forward stop' manage background forwards).`,
 	return cmd
 }
 
+// newForwardServiceCmd is OpenShell's 'forward service': a foreground
+// forward to a loopback TCP service of the sandbox from a local address
+// whose port may be chosen by the system.
+func (a *app) newForwardServiceCmd() *cobra.Command {
+	var (
+		target uint16
+		local  string
+	)
+	cmd := &cobra.Command{
+		Use:   "service NAME --target-port PORT [--local ADDR]",
+		Short: "Forward a local address to a loopback service inside a sandbox",
+		Long: `Listen on ADDR (default 127.0.0.1:0: a free port, printed on stderr) and carry
+each connection to 127.0.0.1:PORT inside the sandbox through the gateway, until
+interrupted. ADDR must be a loopback address.`,
+		Example: "  openshell forward service my-app --target-port 8000 --local 127.0.0.1:0",
+		Args:    argsUsage(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if target == 0 {
+				return usagef("--target-port is required (1-65535)")
+			}
+			host, _, err := net.SplitHostPort(local)
+			if ip := net.ParseIP(host); err != nil || (host != "localhost" && (ip == nil || !ip.IsLoopback())) {
+				return usagef("invalid --local %q: want a loopback HOST:PORT, e.g. 127.0.0.1:0", local)
+			}
+			return a.forwardOn(cmd.Context(), args[0], local, target)
+		},
+	}
+	cmd.Flags().Uint16Var(&target, "target-port", 0, "port of the service inside the sandbox (on its loopback)")
+	cmd.Flags().StringVar(&local, "local", "127.0.0.1:0", "local loopback address to listen on")
+	return cmd
+}
+
 // forward serves a foreground forward until ctx ends. One SSH session token
 // is created up front and used for every accepted connection.
 func (a *app) forward(ctx context.Context, name string, local, remote uint16) error {
+	return a.forwardOn(ctx, name, net.JoinHostPort("127.0.0.1", strconv.Itoa(int(local))), remote)
+}
+
+func (a *app) forwardOn(ctx context.Context, name, listenAddr string, remote uint16) error {
 	sb, err := a.getSandbox(ctx, name)
 	if err != nil {
 		return err
@@ -102,9 +138,9 @@ func (a *app) forward(ctx context.Context, name string, local, remote uint16) er
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(local))))
+	ln, err := net.Listen("tcp", listenAddr)
 	if err != nil {
-		return &userError{msg: fmt.Sprintf("cannot listen on 127.0.0.1:%d: %v", local, err), cause: err}
+		return &userError{msg: fmt.Sprintf("cannot listen on %s: %v", listenAddr, err), cause: err}
 	}
 	_, _ = fmt.Fprintf(a.stderr, "Forwarding %s -> sandbox %s port %d (Ctrl-C to stop)\n", ln.Addr(), name, remote)
 	if a.onListen != nil {

@@ -212,6 +212,34 @@ func TestServiceRouting(t *testing.T) {
 			t.Errorf("service expose with port 0 = exit %d, want usage error 2", code)
 		}
 	})
+	t.Run("cli forward service", func(t *testing.T) {
+		cl := newCLI(t, g)
+		ep, err := c.GetService(ctx, &openshellv1.GetServiceRequest{Sandbox: "web", Service: "app"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := cl.cmd("forward", "service", "web", "--target-port", strconv.Itoa(int(ep.GetEndpoint().GetTargetPort())))
+		stderr, err := cmd.StderrPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+		line, err := bufio.NewReader(stderr).ReadString('\n') // "Forwarding 127.0.0.1:N -> ..."
+		if err != nil || !strings.HasPrefix(line, "Forwarding 127.0.0.1:") {
+			t.Fatalf("forward service printed %q, %v", line, err)
+		}
+		addr := strings.Fields(line)[1]
+		resp, body, err := fetch(t, &http.Client{Timeout: 20 * time.Second}, "http://"+addr+"/", nil)
+		if err != nil || resp.StatusCode != http.StatusOK || !strings.Contains(body, "sandbox app") {
+			t.Errorf("GET through forward service %s = %v %q %v", addr, resp, body, err)
+		}
+		if _, _, code := cl.run("", "forward", "service", "web", "--target-port", "80", "--local", "0.0.0.0:0"); code != 2 {
+			t.Errorf("forward service --local 0.0.0.0:0 = exit %d, want usage error 2", code)
+		}
+	})
 	t.Run("deleted service", func(t *testing.T) {
 		del, err := c.DeleteService(ctx, &openshellv1.DeleteServiceRequest{Sandbox: "web", Service: "app"})
 		if err != nil || !del.GetDeleted() {
