@@ -1,9 +1,11 @@
 package k8s_test
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -16,6 +18,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 func key(b byte) []byte {
@@ -66,6 +69,10 @@ func grant(t *testing.T, c *k8stest.Cluster, ns, sa string, rules ...rbacv1.Poli
 	}
 	return cs
 }
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 func TestSecretSource(t *testing.T) {
 	c := k8stest.Start(t, k8stest.Options{})
@@ -180,6 +187,34 @@ func TestSecretSource(t *testing.T) {
 		}
 		if again, err := (&credk8s.Secret{Client: chart, Namespace: ns, Name: "kek"}).Load(t.Context()); err != nil || again.Current.ID() != got.Current.ID() {
 			t.Fatalf("second Load(chart rules) = %+v, %v", again, err)
+		}
+	})
+
+	t.Run("another replica creates it first", func(t *testing.T) {
+		ns := c.CreateNamespace(t, "")
+		theirs := key(7)
+		// The other replica's Create lands between this one's Get (not
+		// found) and its Create.
+		rc := rest.CopyConfig(c.Config)
+		rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/namespaces/"+ns+"/secrets") {
+					putSecret(t, admin, ns, "kek", map[string][]byte{"kek": theirs})
+				}
+				return rt.RoundTrip(r)
+			})
+		}
+		racer, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := (&credk8s.Secret{Client: racer, Namespace: ns, Name: "kek"}).Load(t.Context())
+		if err != nil || got.Created || got.Current.ID() != id(t, theirs) {
+			t.Fatalf("Load() = %+v, %v; want the other replica's key %s, not created", got, err, id(t, theirs))
+		}
+		sec, _ := admin.CoreV1().Secrets(ns).Get(t.Context(), "kek", metav1.GetOptions{})
+		if !bytes.Equal(sec.Data["kek"], theirs) {
+			t.Error("the other replica's Secret was changed")
 		}
 	})
 
