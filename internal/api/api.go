@@ -197,6 +197,10 @@ func providerRules(ps *domainproviders.Store) func(context.Context, *openshellv1
 
 func credentialHosts(ps *domainproviders.Store) func(context.Context, *openshellv1.Sandbox) ([]string, error) {
 	return func(ctx context.Context, sb *openshellv1.Sandbox) ([]string, error) {
+		ctx, err := ps.CaptureProfiles(ctx) // one catalog for every provider
+		if err != nil {
+			return nil, err
+		}
 		var hosts []string
 		for _, name := range sb.GetSpec().GetProviders() {
 			p, err := ps.Get(ctx, sb.GetMetadata().GetWorkspace(), name)

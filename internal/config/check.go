@@ -91,7 +91,6 @@ var notImplemented = []struct {
 	{key: "openshell.gateway.credential_storage", what: "credential drivers", set: func(f *fileRoot) bool { return f.OpenShell.Gateway.CredentialStorage != nil }},
 	{key: "openshell.credential_drivers", what: "credential drivers", set: func(f *fileRoot) bool { return f.OpenShell.CredentialDrivers != nil }},
 	{key: "openshell.supervisor", what: "supervisor middleware", set: func(f *fileRoot) bool { return f.OpenShell.Supervisor != nil }},
-	{key: "openshell.gateway.provider_profile_sources", what: "provider profile sources", set: func(f *fileRoot) bool { return f.OpenShell.Gateway.ProviderProfileSources != nil }},
 	{key: "openshell.gateway.policy_validation_failure_mode", what: "policy validation failure modes", set: func(f *fileRoot) bool { return f.OpenShell.Gateway.PolicyValidationFailureMode != nil }},
 	{key: "openshell.gateway.tls.external_cert_path", what: "a second certificate chosen by SNI", set: func(f *fileRoot) bool { t := f.OpenShell.Gateway.TLS; return t != nil && t.ExternalCertPath != nil }},
 	{key: "openshell.gateway.tls.external_key_path", what: "a second certificate chosen by SNI", set: func(f *fileRoot) bool { t := f.OpenShell.Gateway.TLS; return t != nil && t.ExternalKeyPath != nil }},

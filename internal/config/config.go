@@ -106,6 +106,10 @@ type Config struct {
 	// Interceptors are the [[openshell.gateway.interceptors]] entries,
 	// checked but not yet connected (internal/interceptor.Start does that).
 	Interceptors []interceptor.Config
+	// ProviderProfileSources is the ordered provider profile source set;
+	// nil: built-in then user. Interceptor names are checked against the
+	// started interceptors (interceptor.ProfileSources).
+	ProviderProfileSources []interceptor.ProfileSourceConfig
 
 	SSHSessionTTL    time.Duration
 	DatabaseWait     time.Duration // start-up wait for an unreachable database (0 = fail at once)

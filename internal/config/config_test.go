@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/openshell-go/openshell/internal/interceptor"
 )
 
 // testEnv returns a lookup function over vars, with HOME and the XDG
@@ -372,7 +374,8 @@ func TestNotImplementedRefused(t *testing.T) {
 		{name: "credential storage", toml: "[openshell.gateway]\ncredential_storage = { key_encryption_key_env = \"K\" }\n", want: "openshell.gateway.credential_storage: credential drivers"},
 		{name: "credential driver table", toml: "[openshell.credential_drivers.vault]\naddr = \"https://vault\"\n", want: "openshell.credential_drivers: credential drivers"},
 		{name: "supervisor middleware", toml: "[[openshell.supervisor.middleware]]\nname = \"mw\"\n", want: "openshell.supervisor: supervisor middleware"},
-		{name: "provider profile sources", toml: "[openshell.gateway]\nprovider_profile_sources = []\n", want: "openshell.gateway.provider_profile_sources: provider profile sources"},
+		{name: "provider profile sources", toml: "[openshell.gateway]\nprovider_profile_sources = []\n", want: "openshell.gateway.provider_profile_sources: provider_profile_sources must contain at least one source"},
+		{name: "unknown profile source", toml: "[openshell.gateway]\nprovider_profile_sources = [{ type = \"remote\" }]\n", want: "openshell.gateway.provider_profile_sources: [0]: unknown source type \"remote\""},
 		{name: "policy failure mode", toml: "[openshell.gateway]\npolicy_validation_failure_mode = \"fail_closed\"\n", want: "openshell.gateway.policy_validation_failure_mode: policy validation failure modes"},
 		{name: "external cert", toml: "[openshell.gateway.tls]\nexternal_cert_path = \"/c\"\nexternal_key_path = \"/k\"\n", want: "openshell.gateway.tls.external_cert_path: a second certificate chosen by SNI"},
 	}
@@ -747,6 +750,25 @@ func TestOTLPTable(t *testing.T) {
 	file := writeFile(t, filepath.Join(t.TempDir(), "gw.toml"), "[openshell.gateway.otlp]\nprotocol = \"http\"\n")
 	if _, err := load(t, []string{"--disable-tls", "--config", file}, nil); err == nil || !strings.Contains(err.Error(), "protocol") {
 		t.Errorf("Load(otlp.protocol) = %v, want the unknown key refused", err)
+	}
+}
+
+func TestProviderProfileSources(t *testing.T) {
+	toml := "[openshell.gateway]\nprovider_profile_sources = [{ type = \"user\" }, { type = \"interceptor\", name = \"catalog\" }]\n"
+	cfg, err := load(t, []string{"--disable-tls", "--config", writeFile(t, filepath.Join(t.TempDir(), "gw.toml"), toml)}, nil)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	want := []interceptor.ProfileSourceConfig{{Type: "user"}, {Type: "interceptor", Name: "catalog"}}
+	if !slices.Equal(cfg.ProviderProfileSources, want) {
+		t.Errorf("ProviderProfileSources = %+v, want %+v", cfg.ProviderProfileSources, want)
+	}
+	cfg, err = load(t, []string{"--disable-tls"}, nil)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if cfg.ProviderProfileSources != nil {
+		t.Errorf("ProviderProfileSources without the key = %+v, want nil (built-in, user)", cfg.ProviderProfileSources)
 	}
 }
 

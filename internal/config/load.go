@@ -580,6 +580,13 @@ func (s *settings) resolve(cfg *Config, file *fileRoot, lookupEnv LookupEnv) err
 		}
 		cfg.Interceptors = ics
 	}
+	if file != nil && g.ProviderProfileSources != nil {
+		ps, err := interceptor.ParseProfileSources(g.ProviderProfileSources)
+		if err != nil {
+			fail("config file %s: openshell.gateway.provider_profile_sources: %v", cfg.ConfigFile, err)
+		}
+		cfg.ProviderProfileSources = ps
+	}
 	errs = append(errs, s.refuseNotImplemented(file, cfg.ConfigFile)...)
 	return errors.Join(errs...)
 }

@@ -294,6 +294,7 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 			},
 		},
 	}
+	var icpt *interceptor.Runtime
 	if len(cfg.Interceptors) > 0 {
 		rt, err := interceptor.Start(ctx, interceptor.Options{Configs: cfg.Interceptors, Logger: logger, Metrics: registry})
 		if err != nil {
@@ -301,6 +302,14 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 		}
 		cleanups = append(cleanups, rt.Close)
 		srvOpts.RequestInterceptor = rt.UnaryServerInterceptor()
+		icpt = rt
+	}
+	if cfg.ProviderProfileSources != nil {
+		ps, err := interceptor.ProfileSources(cfg.ProviderProfileSources, icpt, logger)
+		if err != nil {
+			return fmt.Errorf("provider profile sources: %w", err)
+		}
+		provs.SetProfileSources(ps)
 	}
 	if issuer != nil {
 		srvOpts.Deps.SandboxTokens = issuer

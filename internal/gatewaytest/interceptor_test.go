@@ -58,14 +58,14 @@ func fakeInterceptor(t *testing.T) string {
 
 // runInterceptor starts the fake with a manifest and behavior; it returns
 // its http:// endpoint and its record file.
-func runInterceptor(t *testing.T, manifest *gipb.InterceptorManifest, behavior, patches string) (string, string) {
+func runInterceptor(t *testing.T, manifest *gipb.InterceptorManifest, behavior, patches string, extra ...string) (string, string) {
 	t.Helper()
 	m, err := protojson.Marshal(manifest)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := filepath.Join(TempDir(t), "record.jsonl")
-	cmd := exec.Command(fakeInterceptor(t), "-manifest", string(m), "-behavior", behavior, "-patches", patches, "-record", rec)
+	cmd := exec.Command(fakeInterceptor(t), append([]string{"-manifest", string(m), "-behavior", behavior, "-patches", patches, "-record", rec}, extra...)...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -25,5 +25,10 @@
 // invalid modification) before the handler runs. A denial carries the
 // interceptor's status code (default PermissionDenied) and reason.
 //
+// A manifest that declares provider_profiles makes the interceptor a
+// provider profile source (Runtime.ProfileSource); ParseProfileSources and
+// ProfileSources turn provider_profile_sources into the providers
+// package's ordered source set, refusing unknown or non-capable sources.
+//
 // A Runtime is safe for concurrent use; Close closes its connections.
 package interceptor

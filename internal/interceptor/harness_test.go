@@ -109,7 +109,7 @@ func (f *fake) evaluations(t *testing.T) ([]*gipb.InterceptorEvaluation, [][]byt
 	var evs []*gipb.InterceptorEvaluation
 	var raws [][]byte
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		if line == "" {
+		if line == "" || line == snapshotLine {
 			continue
 		}
 		var l struct {
@@ -131,6 +131,19 @@ func (f *fake) evaluations(t *testing.T) ([]*gipb.InterceptorEvaluation, [][]byt
 		raws = append(raws, raw)
 	}
 	return evs, raws
+}
+
+// snapshotLine is what the fake records for a SnapshotProviderProfiles.
+const snapshotLine = `{"snapshot":true}`
+
+// snapshots counts the SnapshotProviderProfiles calls the fake answered.
+func (f *fake) snapshots(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile(f.record)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	return strings.Count(string(b), snapshotLine)
 }
 
 // manifest renders a manifest with one binding per (id, rpc, phases, policy).

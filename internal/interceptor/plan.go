@@ -132,6 +132,8 @@ type Runtime struct {
 	methods map[string]protoreflect.MethodDescriptor
 	conns   []*grpc.ClientConn
 	metrics *metrics
+	// profiles are the profile-capable interceptors by name.
+	profiles map[string]*ProfileSource
 }
 
 // Start connects to every configured interceptor in order (order, then
@@ -145,7 +147,7 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Runtime{log: o.Logger.With("component", "interceptor"), plan: map[key][]binding{}, methods: map[string]protoreflect.MethodDescriptor{}, metrics: m}
+	r := &Runtime{log: o.Logger.With("component", "interceptor"), plan: map[key][]binding{}, methods: map[string]protoreflect.MethodDescriptor{}, metrics: m, profiles: map[string]*ProfileSource{}}
 	cfgs := slices.Clone(o.Configs)
 	sort.SliceStable(cfgs, func(i, j int) bool {
 		if cfgs[i].Order != cfgs[j].Order {
@@ -227,6 +229,9 @@ func (r *Runtime) add(ctx context.Context, c Config) error {
 	}
 	if man.GetExpectedAudience() != "" && man.GetExpectedAudience() != c.Audience {
 		return fmt.Errorf("manifest expects audience %q, configured audience is %q", man.GetExpectedAudience(), c.Audience)
+	}
+	if man.GetProviderProfiles() {
+		r.profiles[c.Name] = &ProfileSource{name: c.Name, timeout: c.Timeout, client: client}
 	}
 	manifestDefault, err := parseFailurePolicy(man.GetFailurePolicy())
 	if err != nil {

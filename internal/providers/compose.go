@@ -62,6 +62,10 @@ func composable(e *sandboxv1.NetworkEndpoint) bool {
 // endpoints and the profile's binaries. Providers gone meanwhile and
 // profiles without such endpoints contribute nothing.
 func (s *Store) ProfileRules(ctx context.Context, sb *openshellv1.Sandbox) (map[string]*sandboxv1.NetworkPolicyRule, error) {
+	ctx, err := s.CaptureProfiles(ctx) // one catalog for every provider
+	if err != nil {
+		return nil, err
+	}
 	rules := map[string]*sandboxv1.NetworkPolicyRule{}
 	for _, name := range sb.GetSpec().GetProviders() {
 		p, err := s.Get(ctx, sb.GetMetadata().GetWorkspace(), name)

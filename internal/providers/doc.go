@@ -15,6 +15,12 @@
 // workspace's name for its own; a provider's type resolves to a built-in,
 // then its workspace's, then a platform profile.
 //
+// The profile source set (sources.go, provider_profile_sources) is nil by
+// default: built-in, then user. Otherwise every profile lookup uses one
+// catalog captured from the selected sources in order (CaptureProfiles puts
+// it in a request's ctx; each source fetched once), duplicate normalized
+// ids across or within sources failing with FailedPrecondition.
+//
 // Credential refresh (refresh.go) keeps its material in a separate
 // "provider_refresh" object, secret material sealed, and mints with
 // golang.org/x/oauth2; a rotation swaps value and expiry in one CAS write

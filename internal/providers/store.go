@@ -30,6 +30,8 @@ type Options struct {
 	// credentials and Resolve are Unavailable.
 	Keyring *credentials.Keyring
 	Catalog *profiles.Catalog // nil: profiles.Builtin()
+	// Sources is the provider profile source set; nil: built-in, user.
+	Sources *ProfileSources
 	Now     func() time.Time
 }
 
@@ -112,14 +114,18 @@ func (s *Store) Create(ctx context.Context, workspace string, p *datamodelv1.Pro
 	}
 	// A built-in profile, else the workspace's own, else a platform one;
 	// profile_workspace set to the workspace asks for the workspace's own.
-	prof, scope, ok, err := s.lookupProfile(ctx, workspace, p.GetType(), p.GetProfileWorkspace() != "")
+	e, err := s.catalog(ctx)
+	if err != nil {
+		return nil, err
+	}
+	prof, scope, ok, err := s.lookupProfile(ctx, e, workspace, p.GetType(), p.GetProfileWorkspace() != "")
 	if err != nil {
 		return nil, err
 	}
 	if !ok {
 		return nil, errdefs.InvalidArgument(fmt.Sprintf("unsupported provider type: %s", p.GetType()))
 	}
-	if len(p.GetCredentials()) == 0 && !s.allowsEmptyCredentials(prof) {
+	if len(p.GetCredentials()) == 0 && !allowsEmptyCredentials(e.cat, prof) {
 		return nil, errdefs.InvalidArgument("provider.credentials must not be empty")
 	}
 	p.Type, p.ProfileWorkspace = prof.GetId(), scope
@@ -144,8 +150,8 @@ func (s *Store) Create(ctx context.Context, workspace string, p *datamodelv1.Pro
 
 // allowsEmptyCredentials: as OpenShell, only a profile none of whose
 // credentials is required, and not a type without a profile file.
-func (s *Store) allowsEmptyCredentials(prof *openshellv1.ProviderProfile) bool {
-	if s.o.Catalog.Bare(prof.GetId()) {
+func allowsEmptyCredentials(cat *profiles.Catalog, prof *openshellv1.ProviderProfile) bool {
+	if cat.Bare(prof.GetId()) {
 		return false
 	}
 	for _, c := range prof.GetCredentials() {

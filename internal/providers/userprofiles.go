@@ -65,13 +65,16 @@ func withVersion(sp *openshellv1.StoredProviderProfile) *openshellv1.ProviderPro
 // a built-in one, else workspace's own, else a platform one. It returns
 // the profile and the scope it came from ("" for built-in and platform).
 // only limits the user profiles searched to workspace's own.
-func (s *Store) lookupProfile(ctx context.Context, workspace, t string, only bool) (*openshellv1.ProviderProfile, string, bool, error) {
-	if p, ok := s.o.Catalog.Get(t); ok {
+func (s *Store) lookupProfile(ctx context.Context, e *effective, workspace, t string, only bool) (*openshellv1.ProviderProfile, string, bool, error) {
+	if p, ok := e.cat.Get(t); ok {
 		return p, "", true, nil
 	}
 	scopes := []string{workspace, ""}
 	if only {
 		scopes = scopes[:1]
+	}
+	if !e.user {
+		scopes = nil
 	}
 	for _, scope := range scopes {
 		sp, err := s.storedProfile(ctx, scope, t)
@@ -90,8 +93,15 @@ func (s *Store) lookupProfile(ctx context.Context, workspace, t string, only boo
 // its type and profile_workspace), or false when it has none (a type
 // without a profile file, or a user profile deleted since).
 func (s *Store) ProfileOf(ctx context.Context, p *datamodelv1.Provider) (*openshellv1.ProviderProfile, bool, error) {
-	if prof, ok := s.o.Catalog.Get(p.GetType()); ok {
-		return prof, !s.o.Catalog.Bare(p.GetType()), nil
+	e, err := s.catalog(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	if prof, ok := e.cat.Get(p.GetType()); ok {
+		return prof, !e.cat.Bare(p.GetType()), nil
+	}
+	if !e.user {
+		return nil, false, nil
 	}
 	sp, err := s.storedProfile(ctx, p.GetProfileWorkspace(), p.GetType())
 	if errors.Is(err, errdefs.ErrNotFound) {
@@ -107,13 +117,20 @@ func (s *Store) ProfileOf(ctx context.Context, p *datamodelv1.Provider) (*opensh
 // then platform profiles and workspace's own (which shadow platform ones
 // of the same id), each group sorted by id.
 func (s *Store) Profiles(ctx context.Context, workspace string) ([]*openshellv1.ProviderProfile, error) {
+	e, err := s.catalog(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var out []*openshellv1.ProviderProfile
-	for _, id := range s.o.Catalog.IDs() {
-		p, _ := s.o.Catalog.Get(id)
+	for _, id := range e.cat.IDs() {
+		p, _ := e.cat.Get(id)
 		out = append(out, proto.Clone(p).(*openshellv1.ProviderProfile))
 	}
 	user := map[string]*openshellv1.ProviderProfile{}
 	for _, scope := range []string{"", workspace} {
+		if !e.user {
+			break
+		}
 		sps, err := s.listStoredProfiles(ctx, scope)
 		if err != nil {
 			return nil, err
@@ -152,10 +169,18 @@ func (s *Store) listStoredProfiles(ctx context.Context, scope string) ([]*opensh
 
 // Profile returns profile id as visible in workspace (see Profiles).
 func (s *Store) Profile(ctx context.Context, workspace, id string) (*openshellv1.ProviderProfile, error) {
-	if p, ok := s.o.Catalog.Get(id); ok {
+	e, err := s.catalog(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if p, ok := e.cat.Get(id); ok {
 		return proto.Clone(p).(*openshellv1.ProviderProfile), nil
 	}
-	for _, scope := range []string{workspace, ""} {
+	scopes := []string{workspace, ""}
+	if !e.user {
+		scopes = nil
+	}
+	for _, scope := range scopes {
 		sp, err := s.storedProfile(ctx, scope, id)
 		if errors.Is(err, errdefs.ErrNotFound) {
 			continue
@@ -289,11 +314,15 @@ func checkTokenURL(raw string) string {
 // profile (error), an existing user profile of scope (error) or, for a
 // workspace scope, a platform profile they would shadow (warning).
 func (s *Store) conflicts(ctx context.Context, scope string, ps []*openshellv1.ProviderProfile, sources []string) ([]*openshellv1.ProviderProfileDiagnostic, error) {
+	e, err := s.catalog(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var diags []*openshellv1.ProviderProfileDiagnostic
 	for i, p := range ps {
 		id := p.GetId()
-		if _, ok := s.o.Catalog.Get(id); ok {
-			diags = append(diags, diag(sources[i], id, "id", "error", "provider profile '%s' is managed by source '%s' and cannot be overwritten", id, profiles.SourceBuiltin))
+		if mp, ok := e.cat.Get(id); ok {
+			diags = append(diags, diag(sources[i], id, "id", "error", "provider profile '%s' is managed by source '%s' and cannot be overwritten", id, mp.GetSource()))
 			continue
 		}
 		_, err := s.storedProfile(ctx, scope, id)
@@ -384,8 +413,12 @@ func (s *Store) UpdateProfile(ctx context.Context, scope, id string, item *opens
 	if len(ps) == 1 && ps[0].GetId() != id {
 		diags = append(diags, diag(item.GetSource(), ps[0].GetId(), "id", "error", "provider profile update target '%s' does not match payload id '%s'", id, ps[0].GetId()))
 	}
-	if _, ok := s.o.Catalog.Get(id); ok {
-		diags = append(diags, diag(id, id, "id", "error", "provider profile '%s' is managed by source '%s' and cannot be updated", id, profiles.SourceBuiltin))
+	e, err := s.catalog(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if mp, ok := e.cat.Get(id); ok {
+		diags = append(diags, diag(id, id, "id", "error", "provider profile '%s' is managed by source '%s' and cannot be updated", id, mp.GetSource()))
 		return nil, diags, nil
 	}
 	cur, err := s.storedProfile(ctx, scope, id)
@@ -428,8 +461,12 @@ func (s *Store) DeleteProfile(ctx context.Context, scope, id string, inUse func(
 	if id == "" {
 		return false, errdefs.InvalidArgument("id is required")
 	}
-	if _, ok := s.o.Catalog.Get(id); ok {
-		return false, errdefs.FailedPrecondition(fmt.Sprintf("provider profile '%s' is managed by source '%s' and cannot be deleted", id, profiles.SourceBuiltin))
+	e, err := s.catalog(ctx)
+	if err != nil {
+		return false, err
+	}
+	if mp, ok := e.cat.Get(id); ok {
+		return false, errdefs.FailedPrecondition(fmt.Sprintf("provider profile '%s' is managed by source '%s' and cannot be deleted", id, mp.GetSource()))
 	}
 	cur, err := s.storedProfile(ctx, scope, id)
 	if err != nil {

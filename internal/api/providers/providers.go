@@ -349,6 +349,11 @@ func (s *Service) GetSandboxProviderEnvironment(ctx context.Context, req *opensh
 	if err != nil {
 		return nil, err
 	}
+	// One profile catalog for every provider of this request.
+	ctx, err = s.o.Providers.CaptureProfiles(ctx)
+	if err != nil {
+		return nil, err
+	}
 	resp := &openshellv1.GetSandboxProviderEnvironmentResponse{
 		Environment: map[string]string{}, CredentialExpiresAtMs: map[string]int64{},
 		StaticCredentialBindings: map[string]*openshellv1.StaticCredentialBinding{},

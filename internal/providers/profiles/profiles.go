@@ -12,6 +12,7 @@ import (
 	"embed"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path"
 	"slices"
 	"strings"
@@ -192,6 +193,26 @@ func (c *Catalog) Get(providerType string) (*openshellv1.ProviderProfile, bool) 
 func (c *Catalog) Bare(providerType string) bool {
 	p, ok := c.Get(providerType)
 	return ok && c.bare[p.GetId()]
+}
+
+// Compose returns a catalog of base's profiles (none when base is nil)
+// and extra, whose ids must be normalized and distinct from base's.
+func Compose(base *Catalog, extra []*openshellv1.ProviderProfile) *Catalog {
+	if base != nil && len(extra) == 0 {
+		return base
+	}
+	c := &Catalog{byID: map[string]*openshellv1.ProviderProfile{}, bare: map[string]bool{}}
+	if base != nil {
+		maps.Copy(c.byID, base.byID)
+		maps.Copy(c.bare, base.bare)
+		c.ids = slices.Clone(base.ids)
+	}
+	for _, p := range extra {
+		c.byID[p.GetId()] = p
+		c.ids = append(c.ids, p.GetId())
+	}
+	slices.Sort(c.ids)
+	return c
 }
 
 // IDs returns the profile ids in sorted order.

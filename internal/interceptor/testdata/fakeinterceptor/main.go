@@ -2,7 +2,9 @@
 // internal/interceptor. It listens on a loopback port, prints
 // "listening <addr>", answers Describe with the manifest given as ProtoJSON
 // and records every Evaluate request it receives (ProtoJSON plus the raw
-// wire bytes, base64) as one JSON line in the record file.
+// wire bytes, base64) as one JSON line in the record file. With -profiles
+// it answers SnapshotProviderProfiles with those profiles and -revision,
+// recording each call as the line {"snapshot":true}.
 package main
 
 import (
@@ -24,6 +26,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	gipb "github.com/openshell-go/openshell/api/openshell/gateway_interceptor/v1"
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 )
 
 type server struct {
@@ -33,6 +36,14 @@ type server struct {
 	patches  []*gipb.JsonPatch
 	mu       sync.Mutex
 	record   *os.File
+	snapshot *gipb.ProviderProfileSnapshot
+}
+
+func (s *server) SnapshotProviderProfiles(context.Context, *gipb.ProviderProfileSnapshotRequest) (*gipb.ProviderProfileSnapshot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, _ = s.record.Write([]byte(`{"snapshot":true}` + "\n"))
+	return s.snapshot, nil
 }
 
 func (s *server) Describe(context.Context, *gipb.DescribeRequest) (*gipb.InterceptorManifest, error) {
@@ -90,11 +101,27 @@ func main() {
 	unixPath := flag.String("unix", "", "listen on this Unix socket instead of a loopback TCP port")
 	certFile := flag.String("tls-cert", "", "serve TLS with this certificate (PEM)")
 	keyFile := flag.String("tls-key", "", "and this key (PEM)")
+	profiles := flag.String("profiles", "[]", "JSON array of ProviderProfile (ProtoJSON) served by SnapshotProviderProfiles")
+	revision := flag.String("revision", "rev-1", "revision served by SnapshotProviderProfiles")
 	flag.Parse()
 	s := &server{behavior: *behavior, manifest: &gipb.InterceptorManifest{}}
 	if err := protojson.Unmarshal([]byte(*manifest), s.manifest); err != nil {
 		fmt.Fprintln(os.Stderr, "manifest:", err)
 		os.Exit(2)
+	}
+	s.snapshot = &gipb.ProviderProfileSnapshot{Revision: *revision}
+	var rawProfiles []json.RawMessage
+	if err := json.Unmarshal([]byte(*profiles), &rawProfiles); err != nil {
+		fmt.Fprintln(os.Stderr, "profiles:", err)
+		os.Exit(2)
+	}
+	for _, r := range rawProfiles {
+		p := &openshellv1.ProviderProfile{}
+		if err := protojson.Unmarshal(r, p); err != nil {
+			fmt.Fprintln(os.Stderr, "profile:", err)
+			os.Exit(2)
+		}
+		s.snapshot.Profiles = append(s.snapshot.Profiles, p)
 	}
 	var raw []json.RawMessage
 	if err := json.Unmarshal([]byte(*patches), &raw); err != nil {
