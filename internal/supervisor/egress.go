@@ -37,6 +37,13 @@ const (
 	// directory of the unix:// gateway socket, where the supervisor
 	// reconnects its host dialer when the inherited channel breaks.
 	EnvEgressDialerSocket = "OPENSHELL_EGRESS_DIALER_SOCKET"
+	// EnvEgressDialerPath is the absolute path of a driver's dialer
+	// socket (hostdial.Listen) for a supervisor that inherits no dialer
+	// descriptor (the Docker driver, which bind-mounts the socket's
+	// directory where only the supervisor may open it). The supervisor
+	// connects on the first dial and reconnects whenever the channel
+	// breaks (the gateway restarted).
+	EnvEgressDialerPath = "OPENSHELL_EGRESS_DIALER_PATH"
 	// EnvEgressTestHosts is a test-only resolver override for the egress
 	// proxy: "name=ip,name=ip". The process driver passes it only from
 	// the gateway's own environment, never from a sandbox spec.
@@ -138,6 +145,9 @@ type egressRunner struct {
 // the client reconnects to it, next to the gateway socket of cfg.Endpoint
 // as it is when the channel breaks (pinUnixEndpoint rewrites it later).
 func takeEgressDialer(cfg *Config) (*hostdial.Client, error) {
+	if cfg.EgressDialerPath != "" {
+		return hostdial.NewSocketClient(cfg.EgressDialerPath), nil
+	}
 	if cfg.EgressDialerFD == 0 {
 		return nil, nil
 	}
@@ -173,7 +183,7 @@ func startEgress(ctx context.Context, log *slog.Logger, cfg Config, dialer *host
 		e.why = errors.New("no egress proxy runs: the sandbox has no network namespace of its own, so a proxy could be bypassed")
 		return e
 	case dialer == nil:
-		e.why = fmt.Errorf("no egress proxy runs: the driver passed no host dialer (%s), so nothing leaves the sandbox", EnvEgressDialerFD)
+		e.why = fmt.Errorf("no egress proxy runs: the driver passed no host dialer (%s or %s), so nothing leaves the sandbox", EnvEgressDialerFD, EnvEgressDialerPath)
 		return e
 	default:
 		dial = dialer.Dial
@@ -210,7 +220,10 @@ func startEgress(ctx context.Context, log *slog.Logger, cfg Config, dialer *host
 		own = gatewayAddrs(ctx, log, cfg.Endpoint)
 	}
 	identify := (&egress.ProcIdentifier{Root: "/proc"}).Identify
-	if e.fenceMode {
+	if e.fenceMode || !hasEffectiveCap(unix.CAP_SYS_PTRACE) {
+		// A pod, or a Docker container (all capabilities dropped but
+		// the few the confinement needs): /proc of agent processes is
+		// closed to the supervisor but for the agent's own ids.
 		identify = identifyAs(&e.agent, identify)
 	}
 	e.inference = newInferenceRouter(log.With("component", "inference"), cfg, resolver, dial)
@@ -324,10 +337,12 @@ func prepareSandbox(agents *agentLauncher, e *egressRunner, p *sandboxv1.Sandbox
 // and is part of every later load and reload error. The agents' identity
 // is fixed at start, so the fence is installed once.
 func (e *egressRunner) fenceAgents(u isolation.User) error {
+	if e.agent.Load() == nil {
+		e.agent.Store(&u) // for identifyAs
+	}
 	if !e.fenceMode || e.fence != nil || e.fenceErr != nil {
 		return e.fenceErr
 	}
-	e.agent.Store(&u)
 	f, err := nftfence.Install(nftfence.Config{UID: u.UID, GID: u.GID, Proxy: netip.MustParseAddrPort(egressProxyAddr)})
 	if err != nil {
 		e.fenceErr = fmt.Errorf("%w: %w", errAgentNetworkOpen, err)
@@ -339,7 +354,19 @@ func (e *egressRunner) fenceAgents(u isolation.User) error {
 	return nil
 }
 
-// identifyAs wraps identify for fence mode. There the supervisor has
+// hasEffectiveCap reports whether capability c is in the supervisor's
+// effective set (false when it cannot be read).
+func hasEffectiveCap(c int) bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	return data[c/32].Effective&(1<<(uint(c)%32)) != 0
+}
+
+// identifyAs wraps identify for fence mode and for a supervisor without
+// CAP_SYS_PTRACE (Docker). There the supervisor has
 // neither CAP_SYS_PTRACE nor CAP_DAC_READ_SEARCH, so /proc/<pid>/fd and
 // /proc/<pid>/exe of agent processes (another uid) are closed to it. The
 // kernel checks both against the caller's filesystem ids, so identify

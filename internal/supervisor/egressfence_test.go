@@ -79,9 +79,11 @@ func TestConfigEgressFence(t *testing.T) {
 		{"unknown fence", func(c *Config) { c.EgressFence = "iptables" }, `OPENSHELL_EGRESS_FENCE: "iptables" is not a fence this supervisor installs (only "nftables")`},
 		{"with a private network", func(c *Config) {
 			c.EgressFence, c.PrivateNetwork, c.Endpoint = "nftables", true, "unix:///run/gw.sock"
-		}, "OPENSHELL_EGRESS_FENCE is for a supervisor sharing the agent's network namespace; it cannot be combined with OPENSHELL_PRIVATE_NETWORK or OPENSHELL_EGRESS_DIALER_FD"},
+		}, "OPENSHELL_EGRESS_FENCE is for a supervisor sharing the agent's network namespace; it cannot be combined with OPENSHELL_PRIVATE_NETWORK, OPENSHELL_EGRESS_DIALER_FD or OPENSHELL_EGRESS_DIALER_PATH"},
 		{"with a host dialer", func(c *Config) { c.EgressFence, c.EgressDialerFD = "nftables", 3 },
-			"OPENSHELL_EGRESS_FENCE is for a supervisor sharing the agent's network namespace; it cannot be combined with OPENSHELL_PRIVATE_NETWORK or OPENSHELL_EGRESS_DIALER_FD"},
+			"OPENSHELL_EGRESS_FENCE is for a supervisor sharing the agent's network namespace; it cannot be combined with OPENSHELL_PRIVATE_NETWORK, OPENSHELL_EGRESS_DIALER_FD or OPENSHELL_EGRESS_DIALER_PATH"},
+		{"with a host dialer socket", func(c *Config) { c.EgressFence, c.EgressDialerPath = "nftables", "/run/openshell/egress/dialer.sock" },
+			"OPENSHELL_EGRESS_FENCE is for a supervisor sharing the agent's network namespace; it cannot be combined with OPENSHELL_PRIVATE_NETWORK, OPENSHELL_EGRESS_DIALER_FD or OPENSHELL_EGRESS_DIALER_PATH"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := base()
@@ -100,6 +102,29 @@ func TestConfigEgressFence(t *testing.T) {
 	})
 	if err != nil || c.EgressFence != "nftables" {
 		t.Errorf("ConfigFromEnv(%s=nftables) = %q, %v", EnvEgressFence, c.EgressFence, err)
+	}
+}
+
+// TestConfigEgressDialerPath: OPENSHELL_EGRESS_DIALER_PATH (Docker) names
+// the host dialer socket by a clean absolute path and excludes an
+// inherited dialer descriptor.
+func TestConfigEgressDialerPath(t *testing.T) {
+	load := func(env map[string]string) (Config, error) {
+		env[EnvEndpoint], env[EnvSandboxID] = "unix:///run/openshell/gateway/gateway.sock", "sb"
+		return ConfigFromEnv(func(k string) string { return env[k] })
+	}
+	c, err := load(map[string]string{EnvEgressDialerPath: "/run/openshell/egress/dialer.sock", EnvPrivateNetwork: "true"})
+	if err != nil || c.EgressDialerPath != "/run/openshell/egress/dialer.sock" {
+		t.Errorf("ConfigFromEnv(%s) = %q, %v", EnvEgressDialerPath, c.EgressDialerPath, err)
+	}
+	for _, bad := range []map[string]string{
+		{EnvEgressDialerPath: "dialer.sock"},
+		{EnvEgressDialerPath: "/run/../dialer.sock"},
+		{EnvEgressDialerPath: "/run/dialer.sock", EnvEgressDialerFD: "3"},
+	} {
+		if _, err := load(bad); err == nil || !strings.Contains(err.Error(), EnvEgressDialerPath) {
+			t.Errorf("ConfigFromEnv(%v) = %v, want an error naming %s", bad, err, EnvEgressDialerPath)
+		}
 	}
 }
 

@@ -77,6 +77,9 @@ func setupLoopbackOnly() error {
 	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
 		return fmt.Errorf("read lo flags: %w", err)
 	}
+	if ifr.Uint16()&unix.IFF_UP != 0 {
+		return nil // already up (a Docker container of network mode none): no CAP_NET_ADMIN needed
+	}
 	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
 	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
 		return fmt.Errorf("bring up lo (needs CAP_NET_ADMIN in the network namespace): %w", err)

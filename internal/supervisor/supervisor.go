@@ -99,6 +99,9 @@ type Config struct {
 	// reconnects its host dialer there when the inherited channel breaks
 	// (the gateway restarted). See EnvEgressDialerSocket.
 	EgressDialerSocket string
+	// EgressDialerPath is the absolute path of the driver's dialer socket
+	// when no descriptor is inherited (Docker). See EnvEgressDialerPath.
+	EgressDialerPath string
 	// EgressFence, "nftables" or empty, is the Kubernetes contract: the
 	// supervisor shares the pod's network namespace with the agent, runs
 	// the egress proxy dialing upstream itself, and fences agent
@@ -173,7 +176,7 @@ const (
 // secretEnv are never passed to processes in the sandbox (the token
 // file's path only tells where the secret is kept).
 // The egress variables are the supervisor's own business as well.
-var secretEnv = []string{EnvToken, EnvTokenFile, EnvTLSKey, EnvEgressDialerFD, EnvEgressDialerSocket, EnvEgressTestHosts, EnvEgressTestCAFile, EnvEgressFence}
+var secretEnv = []string{EnvToken, EnvTokenFile, EnvTLSKey, EnvEgressDialerFD, EnvEgressDialerSocket, EnvEgressDialerPath, EnvEgressTestHosts, EnvEgressTestCAFile, EnvEgressFence}
 
 // ConfigFromEnv builds a Config from OPENSHELL_* variables.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
@@ -226,6 +229,15 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 			return c, fmt.Errorf("%s needs %s and a unix:// %s", EnvEgressDialerSocket, EnvEgressDialerFD, EnvEndpoint)
 		}
 		c.EgressDialerSocket = v
+	}
+	if v := getenv(EnvEgressDialerPath); v != "" {
+		if !filepath.IsAbs(v) || filepath.Clean(v) != v {
+			return c, fmt.Errorf("%s: %q is not a clean absolute path", EnvEgressDialerPath, v)
+		}
+		if c.EgressDialerFD != 0 {
+			return c, fmt.Errorf("%s cannot be combined with %s", EnvEgressDialerPath, EnvEgressDialerFD)
+		}
+		c.EgressDialerPath = v
 	}
 	if v := getenv(EnvStartupTimeout); v != "" {
 		d, err := time.ParseDuration(v)
@@ -284,8 +296,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.EgressFence != "" && c.EgressFence != egressFenceNftables:
 		return fmt.Errorf("%s: %q is not a fence this supervisor installs (only %q)", EnvEgressFence, c.EgressFence, egressFenceNftables)
-	case c.EgressFence != "" && (c.PrivateNetwork || c.EgressDialerFD != 0):
-		return fmt.Errorf("%s is for a supervisor sharing the agent's network namespace; it cannot be combined with %s or %s", EnvEgressFence, EnvPrivateNetwork, EnvEgressDialerFD)
+	case c.EgressFence != "" && (c.PrivateNetwork || c.EgressDialerFD != 0 || c.EgressDialerPath != ""):
+		return fmt.Errorf("%s is for a supervisor sharing the agent's network namespace; it cannot be combined with %s, %s or %s", EnvEgressFence, EnvPrivateNetwork, EnvEgressDialerFD, EnvEgressDialerPath)
 	}
 	if c.Rootfs != "" && c.RootfsLayer == "" {
 		return fmt.Errorf("%s is required with %s (the image itself is never written)", EnvRootfsLayer, EnvRootfs)
@@ -611,6 +623,7 @@ Compute drivers start it with no arguments and this environment:
   `+EnvPrivateNetwork+`  "true": own network namespace, loopback only (needs a unix:// endpoint)
   `+EnvEgressDialerFD+`  inherited descriptor of the driver's host dialer: with `+EnvPrivateNetwork+`,
                              runs the egress proxy on `+egressProxyAddr+` (see docs/security.md)
+  `+EnvEgressDialerPath+`  absolute path of the driver's host dialer socket, instead of `+EnvEgressDialerFD+` (Docker)
   `+EnvEgressFence+`  "nftables": share the agent's network namespace (a pod); run the egress proxy on
                              `+egressProxyAddr+` dialing upstream, and fence agent processes off anything else
                              with an nftables table (needs CAP_NET_ADMIN; see docs/security.md)

@@ -5,6 +5,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -20,6 +25,7 @@ import (
 	"github.com/openshell-go/openshell/internal/compute/docker"
 	"github.com/openshell-go/openshell/internal/compute/docker/dockertest"
 	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/supervisor/egress/hostdial"
 )
 
 // TestContainerContract checks what the supervisor finds in its container
@@ -34,6 +40,7 @@ func TestContainerContract(t *testing.T) {
 	sb.Spec.Command = []string{"/bin/sh", "-c", "echo hi"}
 	sb.Spec.LogLevel = "debug"
 	sb.Spec.Environment["OPENSHELL_SANDBOX_TOKEN"] = "smuggled"
+	sb.Spec.Environment["OPENSHELL_EGRESS_TEST_HOSTS"] = "smuggled=127.0.0.1"
 	sb.Spec.Template.Resources = compute.Resources{CPURequest: "250m", CPULimit: "500m", MemoryRequest: "64Mi", MemoryLimit: "128Mi"}
 	if err := d.Create(t.Context(), sb); err != nil {
 		t.Fatalf("Create() error = %v", err)
@@ -50,6 +57,8 @@ func TestContainerContract(t *testing.T) {
 		"OPENSHELL_SANDBOX_TTY":        "false",
 		"OPENSHELL_LOG_LEVEL":          "debug",
 		"OPENSHELL_WORKSPACE_DIR":      "/sandbox",
+		"OPENSHELL_PRIVATE_NETWORK":    "true",
+		"OPENSHELL_EGRESS_DIALER_PATH": docker.EgressDir + "/dialer.sock",
 		"HOME":                         "/sandbox",
 		"FROM_TEMPLATE":                "t",
 		"FROM_SPEC":                    "s",
@@ -59,8 +68,10 @@ func TestContainerContract(t *testing.T) {
 			t.Errorf("env %s = %q, want %q", k, r.Env[k], v)
 		}
 	}
-	if v, ok := r.Env["OPENSHELL_SANDBOX_TOKEN"]; ok {
-		t.Errorf("env OPENSHELL_SANDBOX_TOKEN = %q, want unset", v)
+	for _, k := range []string{"OPENSHELL_SANDBOX_TOKEN", "OPENSHELL_EGRESS_TEST_HOSTS"} {
+		if v, ok := r.Env[k]; ok {
+			t.Errorf("env %s = %q, want unset (the spec's value is dropped)", k, v)
+		}
 	}
 	if r.Token != sb.Spec.SandboxToken || r.TokenMode != "600" || r.TokenDir != "700" || r.TokenUID != 0 {
 		t.Errorf("token file = %q mode %s (dir %s) uid %d, want the spec token, 600 in 700, uid 0", r.Token, r.TokenMode, r.TokenDir, r.TokenUID)
@@ -111,11 +122,17 @@ func TestContainerContract(t *testing.T) {
 	if got := info.HostConfig.Resources; got.NanoCPUs != 500_000_000 || got.CPUShares != 256 || got.Memory != 128<<20 || got.MemoryReservation != 64<<20 {
 		t.Errorf("resources = cpus %d shares %d memory %d reservation %d, want 5e8 256 128Mi 64Mi", got.NanoCPUs, got.CPUShares, got.Memory, got.MemoryReservation)
 	}
-	var supervisorRO bool
+	var supervisorRO, egressRO bool
 	for _, m := range info.Mounts {
-		if m.Destination == docker.SupervisorPath {
+		switch m.Destination {
+		case docker.SupervisorPath:
 			supervisorRO = !m.RW
+		case docker.EgressDir:
+			egressRO = !m.RW && m.Source == filepath.Join(e.stateDir, "docker", "egress", sb.ID)
 		}
+	}
+	if !egressRO {
+		t.Errorf("host dialer directory is not mounted read-only from the state dir at %s: %+v", docker.EgressDir, info.Mounts)
 	}
 	if !supervisorRO {
 		t.Errorf("supervisor binary is not mounted read-only at %s: %+v", docker.SupervisorPath, info.Mounts)
@@ -361,5 +378,78 @@ func TestConcurrentCreateSameName(t *testing.T) {
 	}
 	if ok != 1 {
 		t.Errorf("%d creates of %s succeeded, want exactly 1 (errors %v)", ok, name, errs)
+	}
+}
+
+// TestHostDialerServedAgain: the driver serves each sandbox's host dialer
+// on <state_dir>/docker/egress/<id>/dialer.sock (directory 0700, socket
+// 0600), which dials from the host; a driver opened again after the first
+// is gone (a gateway restart) serves the same socket again, removes the
+// directory of a sandbox that has no container, and Delete removes the
+// sandbox's directory.
+func TestHostDialerServedAgain(t *testing.T) {
+	e := newEnv(t)
+	d1 := e.open(t, nil)
+	sb := goodSandbox(computetest.NewID(), computetest.NewName())
+	if err := d1.Create(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, d1, sb.ID)
+	dir := filepath.Join(e.stateDir, "docker", "egress", sb.ID)
+	sock := filepath.Join(dir, "dialer.sock")
+	upstream, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer upstream.Close()
+	go func() {
+		for {
+			c, err := upstream.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("up"))
+			c.Close()
+		}
+	}()
+	dial := func(what string) {
+		t.Helper()
+		for p, want := range map[string]os.FileMode{dir: 0o700 | os.ModeDir, sock: 0o600 | os.ModeSocket} {
+			if st, err := os.Stat(p); err != nil || st.Mode() != want {
+				t.Fatalf("%s: %s = %v %v, want mode %v", what, p, st, err, want)
+			}
+		}
+		c := hostdial.NewSocketClient(sock)
+		defer c.Close()
+		conn, err := c.Dial(t.Context(), netip.MustParseAddrPort(upstream.Addr().String()))
+		if err != nil {
+			t.Fatalf("%s: dial through the host dialer: %v", what, err)
+		}
+		defer conn.Close()
+		if b, err := io.ReadAll(conn); err != nil || string(b) != "up" {
+			t.Fatalf("%s: read %q %v, want up", what, b, err)
+		}
+	}
+	dial("first driver")
+	stale := filepath.Join(e.stateDir, "docker", "egress", computetest.NewID())
+	if err := os.MkdirAll(stale, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	d1.Close()
+	if _, err := hostdial.NewSocketClient(sock).Dial(t.Context(), netip.MustParseAddrPort(upstream.Addr().String())); err == nil {
+		t.Fatal("dial after the driver closed succeeded, want an error")
+	}
+
+	d2 := e.open(t, nil)
+	cleanupSandboxes(t, d2)
+	dial("driver opened again")
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("dialer directory of a sandbox without container: %v, want removed", err)
+	}
+	if _, err := d2.Delete(t.Context(), compute.Ref{ID: sb.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("dialer directory after Delete: %v, want removed", err)
 	}
 }

@@ -20,9 +20,17 @@
 // including FROM scratch ones. It runs without arguments as the
 // container's pid 1, as root of the container, with:
 //
-//   - network mode none: the container has a loopback interface only, so
-//     the supervisor's egress proxy has no way out and sandboxes have no
-//     network egress;
+//   - network mode none: the container has a loopback interface only;
+//     the supervisor's egress proxy (OPENSHELL_PRIVATE_NETWORK) dials
+//     upstream through the driver's host dialer (package hostdial), a
+//     socket served per sandbox in <state_dir>/docker/egress/<id>
+//     (directory 0700, socket 0600, root's, peers of uid 0 only),
+//     bind-mounted read-only at EgressDir and named by
+//     OPENSHELL_EGRESS_DIALER_PATH. A re-attaching driver serves it
+//     again; Delete removes it. Only with a root gateway and an Engine
+//     that does not remap users (userns-remap, rootless): otherwise
+//     containers get no dialer and no egress, and network_policies are
+//     reported FAILED;
 //   - the directory of the gateway's unix callback socket (sandbox RPCs
 //     only) bind-mounted read-only at /run/openshell/gateway, which is how
 //     the supervisor reaches the gateway (OPENSHELL_ENDPOINT); the
@@ -44,8 +52,11 @@
 // OPENSHELL_ENDPOINT, OPENSHELL_SANDBOX_TOKEN_FILE, OPENSHELL_SANDBOX_COMMAND
 // (JSON argv; an empty array is the supervisor's default shell, not the
 // image's CMD), OPENSHELL_SANDBOX_TTY, OPENSHELL_LOG_LEVEL and
-// OPENSHELL_WORKSPACE_DIR=/sandbox, which cannot be overridden; any
-// OPENSHELL_SANDBOX_TOKEN* variable of the spec is dropped. The working
+// OPENSHELL_WORKSPACE_DIR=/sandbox, OPENSHELL_PRIVATE_NETWORK=true and,
+// with a dialer, OPENSHELL_EGRESS_DIALER_PATH (and the test-only
+// OPENSHELL_EGRESS_TEST_HOSTS copied from the gateway's own environment),
+// which cannot be overridden; any OPENSHELL_SANDBOX_TOKEN* and
+// OPENSHELL_EGRESS_* variable of the spec is dropped. The working
 // directory and hostname are /sandbox and the sandbox name.
 //
 // Resources: cpu limit -> NanoCPUs, cpu request -> CPU shares (1024 per

@@ -32,6 +32,7 @@ import (
 	"github.com/openshell-go/openshell/internal/atomicfile"
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/supervisor/egress/hostdial"
 	"github.com/openshell-go/openshell/internal/version"
 )
 
@@ -76,6 +77,10 @@ type Driver struct {
 	pending map[string]*pending // sandboxes waiting for their image
 	subs    map[*subscriber]struct{}
 	wg      sync.WaitGroup
+	// dialers are the host dialers served per sandbox id; nil when
+	// containers get none (noEgress says why).
+	dialers  map[string]*hostdial.Listener
+	noEgress error
 }
 
 var (
@@ -133,6 +138,16 @@ func Open(cfg map[string]any, deps compute.FactoryDeps) (*Driver, error) {
 	d.logger.Info("docker engine reachable", "host", c.host, "api_version", cli.ClientVersion(), "gateway_id", gid)
 	d.sweepUnstarted(ctx)
 	d.sweepVolumes(ctx)
+	if d.noEgress = egressAvailable(ctx, d); d.noEgress != nil {
+		d.logger.Warn("sandboxes get no host dialer, so no egress", "reason", d.noEgress)
+	} else {
+		d.dialers = map[string]*hostdial.Listener{}
+		if err := d.serveExistingDialers(ctx); err != nil {
+			d.closeDialers()
+			_ = cli.Close()
+			return nil, err
+		}
+	}
 	return d, nil
 }
 
@@ -251,6 +266,7 @@ func (d *Driver) Close() error {
 	}
 	d.mu.Unlock()
 	d.wg.Wait()
+	d.closeDialers()
 	return d.cli.Close()
 }
 
@@ -461,12 +477,16 @@ func (d *Driver) createContainer(ctx context.Context, p plan) (err error) {
 		if err == nil {
 			return
 		}
+		_ = d.dropDialer(sb.ID)
 		cctx := context.WithoutCancel(ctx)
 		if created {
 			_ = d.cli.ContainerRemove(cctx, containerName(sb.ID), container.RemoveOptions{Force: true, RemoveVolumes: true})
 		}
 		_ = d.cli.VolumeRemove(cctx, volumeName(sb.ID), true)
 	}()
+	if err := d.serveDialer(sb.ID); err != nil {
+		return err
+	}
 	cfg, hc := d.containerConfig(p, labels)
 	if _, err := d.cli.ContainerCreate(ctx, cfg, hc, nil, nil, containerName(sb.ID)); err != nil {
 		if cerrdefs.IsConflict(err) {
@@ -518,7 +538,7 @@ func (d *Driver) containerConfig(p plan, labels map[string]string) (*container.C
 	maps.Copy(env, sb.Spec.Template.Environment)
 	maps.Copy(env, sb.Spec.Environment)
 	for k := range env {
-		if k == "OPENSHELL_SANDBOX_TOKEN" || strings.HasPrefix(k, "OPENSHELL_SANDBOX_TOKEN") {
+		if strings.HasPrefix(k, "OPENSHELL_SANDBOX_TOKEN") || strings.HasPrefix(k, "OPENSHELL_EGRESS_") {
 			delete(env, k)
 		}
 	}
@@ -535,6 +555,17 @@ func (d *Driver) containerConfig(p plan, labels map[string]string) (*container.C
 	env["OPENSHELL_WORKSPACE_DIR"] = WorkspaceDir
 	if sb.Spec.SandboxToken != "" {
 		env["OPENSHELL_SANDBOX_TOKEN_FILE"] = TokenDir + "/token"
+	}
+	// The container's network namespace has loopback only (network mode
+	// none); with the host dialer the supervisor runs the egress proxy.
+	env["OPENSHELL_PRIVATE_NETWORK"] = "true"
+	if d.dialers != nil {
+		env["OPENSHELL_EGRESS_DIALER_PATH"] = EgressDir + "/" + dialerSocketName
+		// Test only, from the gateway's own environment (as the process
+		// driver does): the proxy's resolver override.
+		if v := os.Getenv("OPENSHELL_EGRESS_TEST_HOSTS"); v != "" {
+			env["OPENSHELL_EGRESS_TEST_HOSTS"] = v
+		}
 	}
 	list := make([]string, 0, len(env))
 	for _, k := range sortedKeys(env) {
@@ -572,6 +603,9 @@ func (d *Driver) containerConfig(p plan, labels map[string]string) (*container.C
 		RestartPolicy: container.RestartPolicy{Name: container.RestartPolicyDisabled},
 		Resources:     p.res,
 		Init:          new(bool), // the supervisor is pid 1 and reaps
+	}
+	if d.dialers != nil {
+		hc.Mounts = append(hc.Mounts, mount.Mount{Type: mount.TypeBind, Source: d.egressDir(sb.ID), Target: EgressDir, ReadOnly: true})
 	}
 	return cfg, hc
 }
@@ -761,6 +795,9 @@ func (d *Driver) Delete(ctx context.Context, ref compute.Ref) (bool, error) {
 		return deleted, d.apiError("remove workspace volume", err)
 	}
 	if err := d.setStopped(id, false); err != nil {
+		return deleted, err
+	}
+	if err := d.dropDialer(id); err != nil {
 		return deleted, err
 	}
 	if deleted {

@@ -181,6 +181,15 @@ func NewClient(f *os.File, redial func() (*net.UnixConn, error)) (*Client, error
 	return &Client{c: c, redial: redial}, nil
 }
 
+// NewSocketClient is a Client with no inherited channel: it connects to
+// the dialer socket at path (served by Listen) on its first request and
+// again whenever a request finds the channel broken. For a supervisor
+// that inherits no descriptor from its driver (a Docker container, which
+// gets the socket's directory bind-mounted instead).
+func NewSocketClient(path string) *Client {
+	return &Client{redial: func() (*net.UnixConn, error) { return DialSocket(path) }}
+}
+
 // DialSocket connects to a dialer socket served by Listen.
 func DialSocket(path string) (*net.UnixConn, error) {
 	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
