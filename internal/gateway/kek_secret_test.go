@@ -186,6 +186,27 @@ func TestKEKSecretRotation(t *testing.T) {
 	if v, err := ps.Resolve(p, "GITHUB_TOKEN"); err != nil || v != "v" {
 		t.Fatalf("Resolve with the new KEK only = %q, %v", v, err)
 	}
+	// A replica not yet restarted in the second step of a rolling rotation
+	// (kek = old, previous-kek-next = new) opens the re-wrapped value.
+	if _, err := c.Clientset.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "step1"},
+		Data:       map[string][]byte{"kek": oldKEK, "previous-kek-next": newKEK},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	step1 := *cfg
+	step1.CredentialsKEKSecret = ns + "/step1"
+	lagging, _, err := loadKEK(ctx, &step1, logger)
+	if err != nil || lagging.ID() != oldKR.ID() {
+		t.Fatalf("loadKEK(step 1) = %v, %v", lagging, err)
+	}
+	lp := providers.NewStore(providers.Options{Objects: st, Keyring: lagging})
+	if p, err = lp.Get(ctx, "default", "gh"); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := lp.Resolve(p, "GITHUB_TOKEN"); err != nil || v != "v" {
+		t.Fatalf("Resolve on a replica still at step 1 = %q, %v", v, err)
+	}
 	for _, k := range [][]byte{oldKEK, newKEK} {
 		if strings.Contains(logs.String(), base64.StdEncoding.EncodeToString(k)) || strings.Contains(logs.String(), hex.EncodeToString(k)) {
 			t.Errorf("a key appears in the log:\n%s", logs.String())
