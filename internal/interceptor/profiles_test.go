@@ -170,3 +170,39 @@ func TestProfileSourceDuplicateWithUser(t *testing.T) {
 		t.Fatalf("Profile = %v, want FailedPrecondition naming both sources", err)
 	}
 }
+
+// TestProfileSourceFailures: a failing snapshot, an invalid profile, an
+// empty revision and an empty catalog each fail the lookup, and a source
+// named twice is refused when the set is built.
+func TestProfileSourceFailures(t *testing.T) {
+	for _, tc := range []struct {
+		name, behavior string
+		args           []string
+		want           error
+		msg            string
+	}{
+		{"snapshot fails", "snapshot-fail", []string{"-profiles", acmeProfiles}, errdefs.ErrUnavailable, "provider profile source 'catalog' snapshot failed: rpc error: code = Unavailable desc = catalog backend down"},
+		{"invalid env var", "allow", []string{"-profiles", strings.Replace(acmeProfiles, "ACME_API_KEY", "1BAD", 1)}, errdefs.ErrFailedPrecondition, "provider profile source 'catalog' is invalid: provider profile 'acme-api' credentials[0].env_vars"},
+		{"invalid id", "allow", []string{"-profiles", strings.Replace(acmeProfiles, "acme-api", "acme_api", 1)}, errdefs.ErrFailedPrecondition, "provider profile 'acme_api' in source 'catalog' has invalid id"},
+		{"empty revision", "allow", []string{"-profiles", acmeProfiles, "-revision", ""}, errdefs.ErrFailedPrecondition, "provider profile source 'catalog' returned an empty revision"},
+		{"no profiles", "allow", nil, errdefs.ErrFailedPrecondition, "provider profile source 'catalog' returned no profiles"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := startFake(t, `{"name":"catalog","providerProfiles":true}`, tc.behavior, "", tc.args...)
+			ps, err := ProfileSources([]ProfileSourceConfig{{Type: "builtin"}, {Type: "interceptor", Name: "catalog"}}, start(t, config("catalog", f)), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := providerStore(t)
+			s.SetProfileSources(ps)
+			_, err = s.Profile(t.Context(), "", "github")
+			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.msg) {
+				t.Errorf("Profile = %v, want %v containing %q", err, tc.want, tc.msg)
+			}
+		})
+	}
+	_, err := ProfileSources([]ProfileSourceConfig{{Type: "builtin"}, {Type: "user"}, {Type: "builtin"}}, nil, nil)
+	if want := "duplicate provider profile source 'builtin' in provider_profile_sources"; err == nil || err.Error() != want {
+		t.Errorf("ProfileSources(builtin twice) = %v, want %q", err, want)
+	}
+}

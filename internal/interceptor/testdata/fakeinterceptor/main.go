@@ -21,7 +21,9 @@ import (
 	"crypto/tls"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
@@ -43,6 +45,9 @@ func (s *server) SnapshotProviderProfiles(context.Context, *gipb.ProviderProfile
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, _ = s.record.Write([]byte(`{"snapshot":true}` + "\n"))
+	if s.behavior == "snapshot-fail" {
+		return nil, status.Error(codes.Unavailable, "catalog backend down")
+	}
 	return s.snapshot, nil
 }
 
@@ -95,7 +100,7 @@ func (s *server) write(ev *gipb.InterceptorEvaluation) {
 
 func main() {
 	manifest := flag.String("manifest", "{}", "InterceptorManifest as ProtoJSON")
-	behavior := flag.String("behavior", "allow", "allow, noop (allow, record nothing), deny, deny-plain, deny-post, crash or slow")
+	behavior := flag.String("behavior", "allow", "allow, noop (allow, record nothing), deny, deny-plain, deny-post, crash, slow or snapshot-fail (SnapshotProviderProfiles fails)")
 	patches := flag.String("patches", "[]", "JSON array of JsonPatch (ProtoJSON) returned in modify_operation")
 	record := flag.String("record", "", "file the evaluations are appended to")
 	unixPath := flag.String("unix", "", "listen on this Unix socket instead of a loopback TCP port")
