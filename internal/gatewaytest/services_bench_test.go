@@ -1,0 +1,133 @@
+package gatewaytest
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+)
+
+// forwardConn is a net.Conn over one ForwardTcp stream: the same
+// supervisor relay as service URLs, without the gateway's HTTP proxy.
+type forwardConn struct {
+	s    openshellv1.OpenShell_ForwardTcpClient
+	buf  []byte
+	stop context.CancelFunc
+}
+
+func (c *forwardConn) Read(p []byte) (int, error) {
+	for len(c.buf) == 0 {
+		f, err := c.s.Recv()
+		if err != nil {
+			return 0, io.EOF
+		}
+		c.buf = f.GetData()
+	}
+	n := copy(p, c.buf)
+	c.buf = c.buf[n:]
+	return n, nil
+}
+
+func (c *forwardConn) Write(p []byte) (int, error) {
+	if err := c.s.Send(&openshellv1.TcpForwardFrame{Payload: &openshellv1.TcpForwardFrame_Data{Data: append([]byte(nil), p...)}}); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (c *forwardConn) Close() error                     { c.stop(); return nil }
+func (c *forwardConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (c *forwardConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+func (c *forwardConn) SetDeadline(time.Time) error      { return nil }
+func (c *forwardConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *forwardConn) SetWriteDeadline(time.Time) error { return nil }
+
+// BenchmarkServiceHTTP compares sequential keep-alive GETs of a sandbox's
+// web app through its service URL (plaintext loopback path: auth, routing,
+// ReverseProxy, relay) with GETs over a raw ForwardTcp relay to the same
+// port, in one run, and reports the ratio (issue target: at least 0.5).
+// Sandboxes of the process driver have their own network namespace, so
+// the relay is the closest baseline to "direct".
+func BenchmarkServiceHTTP(b *testing.B) {
+	g := Start(b, Options{})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(b.Context(), 5*time.Minute)
+	defer cancel()
+	port := freePort(b)
+	if _, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: "bench", Spec: &openshellv1.SandboxSpec{Command: HelperCommand("http", strconv.Itoa(port))}}); err != nil {
+		b.Fatal(err)
+	}
+	sb := WaitPhase(ctx, b, c, "bench", openshellv1.SandboxPhase_SANDBOX_PHASE_READY, time.Minute)
+	id := sb.GetMetadata().GetId()
+	g.InstallHelper(b, id)
+	exp, err := c.ExposeService(ctx, &openshellv1.ExposeServiceRequest{Sandbox: "bench", Service: "app", TargetPort: uint32(port)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	sess, err := c.CreateSshSession(ctx, &openshellv1.CreateSshSessionRequest{SandboxId: id})
+	if err != nil {
+		b.Fatal(err)
+	}
+	viaService := g.serviceClient(nil)
+	viaRelay := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		s, err := c.ForwardTcp(sctx)
+		if err == nil {
+			err = s.Send(&openshellv1.TcpForwardFrame{Payload: &openshellv1.TcpForwardFrame_Init{Init: &openshellv1.TcpForwardInit{
+				SandboxId: id, AuthorizationToken: sess.GetToken(),
+				Target: &openshellv1.TcpForwardInit_Tcp{Tcp: &openshellv1.TcpRelayTarget{Host: "127.0.0.1", Port: uint32(port)}},
+			}}})
+		}
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		return &forwardConn{s: s, stop: stop}, nil
+	}}}
+	get := func(cl *http.Client, url string) {
+		resp, err := cl.Get(url)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("GET %s = %s", url, resp.Status)
+		}
+	}
+	// Wait for the app, then measure both paths for the same duration.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := viaService.Get(exp.GetUrl())
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("service never answered: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	rate := func(cl *http.Client, url string) float64 {
+		n, start := 0, time.Now()
+		for time.Since(start) < 3*time.Second {
+			get(cl, url)
+			n++
+		}
+		return float64(n) / time.Since(start).Seconds()
+	}
+	for b.Loop() {
+		relay := rate(viaRelay, "http://127.0.0.1:"+strconv.Itoa(port)+"/")
+		service := rate(viaService, exp.GetUrl())
+		b.ReportMetric(service, "service-req/s")
+		b.ReportMetric(relay, "relay-req/s")
+		b.ReportMetric(service/relay, "ratio")
+	}
+}
