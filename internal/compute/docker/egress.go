@@ -60,6 +60,9 @@ func (d *Driver) serveDialer(id string) error {
 	if d.dialers == nil {
 		return nil // egress unavailable
 	}
+	if d.closed {
+		return fmt.Errorf("sandbox %s: host dialer: the docker driver is closed", id)
+	}
 	if _, ok := d.dialers[id]; ok {
 		return nil
 	}
