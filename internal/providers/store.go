@@ -29,7 +29,7 @@ type Options struct {
 	// Keyring seals credential values. Without one, writes carrying
 	// credentials and Resolve are Unavailable.
 	Keyring *credentials.Keyring
-	Catalog *profiles.Catalog // nil: profiles.Builtin()
+	Catalog *profiles.Catalog // the built-in source; nil: profiles.Builtin()
 	// Sources is the provider profile source set; nil: built-in, user.
 	Sources *ProfileSources
 	Now     func() time.Time
@@ -48,9 +48,6 @@ func NewStore(o Options) *Store {
 	}
 	return &Store{o: o}
 }
-
-// Catalog is the profile catalog provider types are checked against.
-func (s *Store) Catalog() *profiles.Catalog { return s.o.Catalog }
 
 func newProvider() *datamodelv1.Provider { return &datamodelv1.Provider{} }
 
