@@ -1,13 +1,18 @@
 package gatewaytest
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/pkg/sftp"
+	"golang.org/x/crypto/ssh"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 )
@@ -129,5 +134,80 @@ func BenchmarkServiceHTTP(b *testing.B) {
 		b.ReportMetric(service, "service-req/s")
 		b.ReportMetric(relay, "relay-req/s")
 		b.ReportMetric(service/relay, "ratio")
+	}
+}
+
+// BenchmarkUploadVsCat uploads 64 MiB with SFTP and pipes 64 MiB into
+// `cat > FILE` over the same SSH connection on the same relay, in one run,
+// and reports the ratio of throughputs (issue target: at least 0.7).
+func BenchmarkUploadVsCat(b *testing.B) {
+	g := Start(b, Options{})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(b.Context(), 5*time.Minute)
+	defer cancel()
+	sb := readySandboxTB(ctx, b, c, "bench")
+	id := sb.GetMetadata().GetId()
+	sess, err := c.CreateSshSession(ctx, &openshellv1.CreateSshSessionRequest{SandboxId: id})
+	if err != nil {
+		b.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	s, err := c.ForwardTcp(sctx)
+	if err == nil {
+		err = s.Send(&openshellv1.TcpForwardFrame{Payload: &openshellv1.TcpForwardFrame_Init{Init: &openshellv1.TcpForwardInit{
+			SandboxId: id, AuthorizationToken: sess.GetToken(), Target: &openshellv1.TcpForwardInit_Ssh{Ssh: &openshellv1.SshRelayTarget{}},
+		}}})
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	conn, chans, reqs, err := ssh.NewClientConn(&forwardConn{s: s, stop: stop}, "bench", &ssh.ClientConfig{
+		User: "sandbox", HostKeyCallback: ssh.InsecureIgnoreHostKey(), //nolint:gosec // relay authorized by the gateway, as in the CLI
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	client := ssh.NewClient(conn, chans, reqs)
+	defer client.Close()
+	sc, err := sftp.NewClient(client, sftp.UseConcurrentWrites(true))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sc.Close()
+	const size = 64 << 20
+	data := make([]byte, size)
+	viaCat := func() time.Duration {
+		se, err := client.NewSession()
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer se.Close()
+		se.Stdin = bytes.NewReader(data)
+		start := time.Now()
+		if err := se.Run("cat > /sandbox/cat.bin"); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	viaSFTP := func() time.Duration {
+		start := time.Now()
+		f, err := sc.OpenFile("/sandbox/sftp.bin", os.O_WRONLY|os.O_CREATE|os.O_TRUNC)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := f.ReadFrom(bytes.NewReader(data)); err != nil {
+			b.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	for b.Loop() {
+		cat, up := viaCat(), viaSFTP()
+		mib := float64(size) / (1 << 20)
+		b.ReportMetric(mib/up.Seconds(), "sftp-MiB/s")
+		b.ReportMetric(mib/cat.Seconds(), "cat-MiB/s")
+		b.ReportMetric(cat.Seconds()/up.Seconds(), "ratio")
 	}
 }
