@@ -14,6 +14,7 @@ import (
 	"time"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/lifecycle"
 	"github.com/openshell-go/openshell/internal/relay"
@@ -165,6 +166,10 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 // resolve loads the endpoint of t after the membership check; a refusal
 // reads as a missing endpoint.
 func (r *Router) resolve(ctx context.Context, t Target) (*openshellv1.ServiceEndpoint, *openshellv1.Sandbox, error) {
+	if p, ok := auth.FromContext(ctx); ok && p.IsSandbox() {
+		// Sandbox tokens never open service URLs, not even their own.
+		return nil, nil, errdefs.NotFound("service endpoint not found")
+	}
 	sb, err := r.s.o.Sandboxes.Get(ctx, t.Workspace, t.Sandbox)
 	if err != nil {
 		return nil, nil, err
