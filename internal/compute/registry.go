@@ -24,6 +24,10 @@ type FactoryDeps struct {
 	// SupervisorPath is the openshell-sandbox supervisor binary; empty
 	// lets the driver find it.
 	SupervisorPath string
+	// SupervisorEnv is added to each supervisor's environment (the
+	// gateway's OTLP settings, internal/telemetry.SupervisorEnv); a
+	// sandbox spec cannot override it. Nil adds nothing.
+	SupervisorEnv map[string]string
 }
 
 // Factory builds a driver from its configuration block

@@ -476,6 +476,7 @@ func selectDriver(ctx context.Context, cfg *config.Config, logger *slog.Logger, 
 	reg := drivers()
 	d, err := reg.New(name, cfg.DriverConfigs[name], compute.FactoryDeps{
 		Logger: logger, StateDir: cfg.StateDir, GatewayEndpoint: callback, SupervisorPath: supervisorPath(),
+		SupervisorEnv: supervisorOTLPEnv(cfg),
 	})
 	if err != nil {
 		return "", nil, fmt.Errorf("compute driver %s: %w", name, err)
@@ -566,7 +567,8 @@ func runDriver(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	tracing := setupDriverTracing(ctx, *cfgFile, *name, logger)
 	defer flushTracing(tracing, logger)
-	d, err := drivers().New(*name, table, compute.FactoryDeps{Logger: logger, StateDir: dir, GatewayEndpoint: *endpoint, SupervisorPath: supervisorPath()})
+	d, err := drivers().New(*name, table, compute.FactoryDeps{Logger: logger, StateDir: dir, GatewayEndpoint: *endpoint, SupervisorPath: supervisorPath(),
+		SupervisorEnv: fileSupervisorOTLPEnv(*cfgFile)})
 	if err != nil {
 		return err
 	}

@@ -82,3 +82,27 @@ func fileOTLP(path string) (*config.OTLP, error) {
 	}
 	return &config.OTLP{Endpoint: o.Endpoint, ServiceName: o.ServiceName}, nil
 }
+
+// supervisorOTLPEnv is what the drivers add to each supervisor's
+// environment so that it exports to the same collector: nothing without
+// [openshell.gateway.otlp].
+func supervisorOTLPEnv(cfg *config.Config) map[string]string {
+	if cfg.OTLP == nil {
+		return nil
+	}
+	return telemetry.SupervisorEnv(&telemetry.Config{Endpoint: cfg.OTLP.Endpoint, ServiceName: cfg.OTLP.ServiceName}, os.Environ())
+}
+
+// fileSupervisorOTLPEnv is supervisorOTLPEnv for `driver serve --config`:
+// nothing without a file or without its [openshell.gateway.otlp] (an
+// unreadable file is reported by setupDriverTracing).
+func fileSupervisorOTLPEnv(cfgFile string) map[string]string {
+	if cfgFile == "" {
+		return nil
+	}
+	o, err := fileOTLP(cfgFile)
+	if err != nil || o == nil {
+		return nil
+	}
+	return telemetry.SupervisorEnv(&telemetry.Config{Endpoint: o.Endpoint, ServiceName: o.ServiceName}, os.Environ())
+}

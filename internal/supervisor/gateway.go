@@ -71,10 +71,10 @@ func dialGateway(cfg Config, ts *tokenSource) (*grpc.ClientConn, error) {
 	default:
 		return nil, fmt.Errorf("%s: unsupported scheme %q (want http, https or unix)", EnvEndpoint, u.Scheme)
 	}
-	return grpc.NewClient(target,
+	return grpc.NewClient(target, append(tracingDialOptions(),
 		grpc.WithTransportCredentials(tc),
 		grpc.WithPerRPCCredentials(ts),
-	)
+	)...)
 }
 
 // defaultPolicy is the policy a sandbox without one seeds the gateway with:

@@ -37,6 +37,7 @@ import (
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/supervisor/egress"
+	"github.com/openshell-go/openshell/internal/telemetry"
 	"github.com/openshell-go/openshell/internal/version"
 )
 
@@ -392,6 +393,8 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	tracing := setupTelemetry(ctx, cfg, stderr, dialer)
+	defer telemetry.FlushSupervisor(tracing, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel})))
 	keep, err := pinUnixEndpoint(&cfg)
 	if err != nil {
 		if dialer != nil {
@@ -576,7 +579,7 @@ func childEnv(extra []string) []string {
 	}
 	var env []string
 	for _, kv := range os.Environ() {
-		if k, _, _ := strings.Cut(kv, "="); !drop[k] {
+		if k, _, _ := strings.Cut(kv, "="); !drop[k] && !telemetry.IsSupervisorEnv(k) {
 			env = append(env, kv)
 		}
 	}

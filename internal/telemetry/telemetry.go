@@ -1,4 +1,5 @@
-// Package telemetry exports the gateway's OpenTelemetry traces over OTLP/gRPC.
+// Package telemetry exports the gateway's (and, with the gateway's settings,
+// the supervisors') OpenTelemetry traces over OTLP/gRPC.
 //
 // The [openshell.gateway.otlp] table is the only on-switch: without it
 // Setup returns a no-op provider whatever OTEL_* variables say. With it,
@@ -86,6 +87,10 @@ type LookupEnv func(string) (string, bool)
 // Setup builds the provider for cfg and installs it as the global one. It
 // never fails: problems are logged and leave export off.
 func Setup(ctx context.Context, cfg *Config, log *slog.Logger, lookupEnv LookupEnv, opts ...sdktrace.TracerProviderOption) *Provider {
+	return setup(ctx, cfg, log, lookupEnv, nil, opts)
+}
+
+func setup(ctx context.Context, cfg *Config, log *slog.Logger, lookupEnv LookupEnv, expOpts []otlptracegrpc.Option, opts []sdktrace.TracerProviderOption) *Provider {
 	otel.SetTextMapPropagator(Propagator)
 	off := &Provider{TracerProvider: noop.NewTracerProvider()}
 	if cfg == nil {
@@ -93,7 +98,7 @@ func Setup(ctx context.Context, cfg *Config, log *slog.Logger, lookupEnv LookupE
 		return off
 	}
 	log = log.With("component", "telemetry")
-	p, err := build(ctx, cfg, log, lookupEnv, opts...)
+	p, err := build(ctx, cfg, log, lookupEnv, expOpts, opts...)
 	if err != nil {
 		log.Error("OpenTelemetry trace export disabled", "err", err)
 		otel.SetTracerProvider(off.TracerProvider)
@@ -103,7 +108,7 @@ func Setup(ctx context.Context, cfg *Config, log *slog.Logger, lookupEnv LookupE
 	return p
 }
 
-func build(ctx context.Context, cfg *Config, log *slog.Logger, lookupEnv LookupEnv, opts ...sdktrace.TracerProviderOption) (*Provider, error) {
+func build(ctx context.Context, cfg *Config, log *slog.Logger, lookupEnv LookupEnv, extra []otlptracegrpc.Option, opts ...sdktrace.TracerProviderOption) (*Provider, error) {
 	endpoint, source := cfg.Endpoint, "[openshell.gateway.otlp] endpoint"
 	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
 		if endpoint != "" {
@@ -119,7 +124,7 @@ func build(ctx context.Context, cfg *Config, log *slog.Logger, lookupEnv LookupE
 			break
 		}
 	}
-	expOpts := []otlptracegrpc.Option{otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig{Enabled: false})}
+	expOpts := append([]otlptracegrpc.Option{otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig{Enabled: false})}, extra...)
 	if endpoint != "" {
 		if err := checkEndpoint(endpoint); err != nil {
 			return nil, fmt.Errorf("%s: %w", source, err)

@@ -33,6 +33,7 @@ import (
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/supervisor/egress/hostdial"
+	"github.com/openshell-go/openshell/internal/telemetry"
 	"github.com/openshell-go/openshell/internal/version"
 )
 
@@ -68,6 +69,8 @@ type Driver struct {
 	cfg       config
 	cli       *client.Client
 	gatewayID string
+
+	supervisorEnv map[string]string // deps.SupervisorEnv (the gateway's OTLP settings)
 
 	ops keyedMutex // by sandbox id (create/start/stop/delete) and by name (create)
 
@@ -135,6 +138,7 @@ func Open(cfg map[string]any, deps compute.FactoryDeps) (*Driver, error) {
 		pending:   map[string]*pending{},
 		subs:      map[*subscriber]struct{}{},
 	}
+	d.supervisorEnv = deps.SupervisorEnv
 	d.logger.Info("docker engine reachable", "host", c.host, "api_version", cli.ClientVersion(), "gateway_id", gid)
 	d.sweepUnstarted(ctx)
 	d.sweepVolumes(ctx)
@@ -542,6 +546,8 @@ func (d *Driver) containerConfig(p plan, labels map[string]string) (*container.C
 			delete(env, k)
 		}
 	}
+	maps.DeleteFunc(env, func(k, _ string) bool { return telemetry.IsSupervisorEnv(k) })
+	maps.Copy(env, d.supervisorEnv)
 	cmd, _ := json.Marshal(sb.Spec.Command)
 	if sb.Spec.Command == nil {
 		cmd = []byte("[]")

@@ -248,7 +248,7 @@ func (d *Driver) adoptOptions(sb compute.Sandbox, ns string, podTemplate map[str
 	o := enrichOptions{
 		SandboxID: sb.ID, SandboxName: sb.Name, AgentContainer: name(agent),
 		ImagePullPolicy: d.cfg.ImagePullPolicy, SupervisorImage: d.cfg.SupervisorImage, SupervisorPullPolicy: d.cfg.ImagePullPolicy,
-		Endpoint: d.cfg.GatewayEndpoint, LogLevel: sb.Spec.LogLevel, Command: sb.Spec.Command, TTY: sb.Spec.TTY,
+		Endpoint: d.cfg.GatewayEndpoint, SupervisorEnv: d.cfg.SupervisorEnv, LogLevel: sb.Spec.LogLevel, Command: sb.Spec.Command, TTY: sb.Spec.TTY,
 		Env: env, ClientTLSSecretName: d.cfg.ClientTLSSecretName, SATokenTTLSecs: d.cfg.SATokenTTLSecs,
 		Resources: t.Resources, Labels: t.Labels, UserNamespaces: d.cfg.EnableUserNamespaces,
 	}

@@ -50,9 +50,12 @@ type Config struct {
 	ClientTLSSecretName           string
 	SATokenTTLSecs                int64
 	GatewayEndpoint               string
-	EnableUserNamespaces          bool
-	WorkspacePVC                  *WorkspacePVC
-	AllowAdoption                 bool
+	// SupervisorEnv is FactoryDeps.SupervisorEnv (the gateway's OTLP
+	// settings); not a TOML key.
+	SupervisorEnv        map[string]string
+	EnableUserNamespaces bool
+	WorkspacePVC         *WorkspacePVC
+	AllowAdoption        bool
 	// SandboxAPIVersion pins the Sandbox API version ("v1beta1" or
 	// "v1alpha1"); empty discovers it (v1beta1 when served).
 	SandboxAPIVersion string

@@ -95,6 +95,7 @@ func Open(cfg map[string]any, deps compute.FactoryDeps) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes driver: cluster connection (set kubeconfig when not in a cluster): %w", errors.Join(err, errdefs.ErrInvalidArgument))
 	}
+	c.SupervisorEnv = deps.SupervisorEnv
 	return NewForConfig(rc, c, deps.Logger)
 }
 
@@ -461,7 +462,7 @@ func (d *Driver) plan(sb compute.Sandbox) (plan, error) {
 	p = plan{namespace: ns, driverCfg: dc, opts: enrichOptions{
 		SandboxID: sb.ID, SandboxName: sb.Name, Image: image, ImagePullPolicy: d.cfg.ImagePullPolicy,
 		SupervisorImage: d.cfg.SupervisorImage, SupervisorPullPolicy: d.cfg.ImagePullPolicy,
-		Endpoint: d.cfg.GatewayEndpoint, LogLevel: sb.Spec.LogLevel, Command: sb.Spec.Command, TTY: sb.Spec.TTY,
+		Endpoint: d.cfg.GatewayEndpoint, SupervisorEnv: d.cfg.SupervisorEnv, LogLevel: sb.Spec.LogLevel, Command: sb.Spec.Command, TTY: sb.Spec.TTY,
 		Env: env, ClientTLSSecretName: d.cfg.ClientTLSSecretName, SATokenTTLSecs: d.cfg.SATokenTTLSecs,
 		ServiceAccountName: sa, RuntimeClassName: runtimeClass, Resources: t.Resources,
 		Labels: t.Labels, Annotations: annotations, NodeSelector: dc.nodeSelector, Tolerations: dc.tolerations,

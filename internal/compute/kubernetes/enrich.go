@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/openshell-go/openshell/internal/compute"
+	"github.com/openshell-go/openshell/internal/telemetry"
 )
 
 // ResourceGPU is the extended resource a sandbox's GPUs are requested as
@@ -92,7 +93,10 @@ type enrichOptions struct {
 	SupervisorImage      string
 	SupervisorPullPolicy string
 	Endpoint             string
-	LogLevel             string
+	// SupervisorEnv is the gateway's OTLP settings for the supervisor
+	// (FactoryDeps.SupervisorEnv); the user environment cannot set them.
+	SupervisorEnv map[string]string
+	LogLevel      string
 	// Command is the canonical main process; empty means the agent
 	// container's own command and args (they run under the supervisor).
 	Command []string
@@ -278,7 +282,12 @@ func enrich(podTemplate map[string]any, o enrichOptions) (map[string]any, []stri
 	env := list(agent, "env")
 	keys := slices.Sorted(maps.Keys(o.Env))
 	for _, k := range keys {
-		env = upsertEnv(env, k, o.Env[k])
+		if !telemetry.IsSupervisorEnv(k) {
+			env = upsertEnv(env, k, o.Env[k])
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(o.SupervisorEnv)) {
+		env = upsertEnv(env, k, o.SupervisorEnv[k])
 	}
 	env = upsertEnv(env, envSandboxID, o.SandboxID)
 	env = upsertEnv(env, envSandboxName, o.SandboxName)

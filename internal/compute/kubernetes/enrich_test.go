@@ -233,3 +233,23 @@ func TestEnrichSecurityContextMerge(t *testing.T) {
 		t.Errorf("agent securityContext (-want +got):\n%s", diff)
 	}
 }
+
+// TestEnrichSupervisorOTLPEnv: the gateway's OTLP settings reach the
+// supervisor's environment; the user environment cannot set them.
+func TestEnrichSupervisorOTLPEnv(t *testing.T) {
+	o := baseOptions()
+	o.Image = "agent:1"
+	o.Env = map[string]string{"OPENSHELL_OTLP_SERVICE_NAME": "from-spec", "OPENSHELL_OTLP_ENDPOINT": "http://evil:4317", "KEEP": "1"}
+	o.SupervisorEnv = map[string]string{"OPENSHELL_OTLP_SERVICE_NAME": "gw-sandbox", "OPENSHELL_OTEL_BSP_SCHEDULE_DELAY": "100"}
+	got, conflicts := enrich(nil, o)
+	if len(conflicts) > 0 {
+		t.Fatalf("conflicts = %v", conflicts)
+	}
+	env := envMap(containerByName(t, got, "containers", defaultAgentName))
+	if env["OPENSHELL_OTLP_SERVICE_NAME"] != "gw-sandbox" || env["OPENSHELL_OTEL_BSP_SCHEDULE_DELAY"] != "100" || env["KEEP"] != "1" {
+		t.Errorf("env = %v, want the gateway's OTLP settings and KEEP", env)
+	}
+	if _, ok := env["OPENSHELL_OTLP_ENDPOINT"]; ok {
+		t.Errorf("user environment set OPENSHELL_OTLP_ENDPOINT: %v", env)
+	}
+}

@@ -27,6 +27,8 @@ type config struct {
 	// defaultImage is the image of sandboxes that name none: "" (the host
 	// filesystem) or a local root filesystem directory.
 	defaultImage string
+	// supervisorEnv: deps.SupervisorEnv (the gateway's OTLP settings).
+	supervisorEnv map[string]string
 }
 
 func parseConfig(cfg map[string]any, deps compute.FactoryDeps) (config, error) {
@@ -34,6 +36,7 @@ func parseConfig(cfg map[string]any, deps compute.FactoryDeps) (config, error) {
 		stateDir:       deps.StateDir,
 		endpoint:       deps.GatewayEndpoint,
 		supervisorPath: deps.SupervisorPath,
+		supervisorEnv:  deps.SupervisorEnv,
 		stopGrace:      10 * time.Second,
 	}
 	for k, v := range cfg {

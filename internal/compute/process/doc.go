@@ -89,6 +89,11 @@
 //	                              directory of OPENSHELL_ENDPOINT, where the supervisor
 //	                              reconnects when fd 3's channel ended with an earlier
 //	                              gateway process
+//	OPENSHELL_OTLP_ENDPOINT, OPENSHELL_OTLP_SERVICE_NAME, OPENSHELL_OTEL_*
+//	                              only when the gateway has [openshell.gateway.otlp]: its
+//	                              OTLP settings for the supervisor's own spans
+//	                              (internal/telemetry.SupervisorEnv; the supervisor dials the
+//	                              collector through the host dialer); a spec cannot set them
 //	OPENSHELL_EGRESS_TEST_HOSTS   test only, copied from the gateway's own environment
 //	                              (never from a sandbox spec): the proxy's resolver override
 //	OPENSHELL_EGRESS_TEST_CA_FILE test only, copied likewise: CAs the proxy trusts for

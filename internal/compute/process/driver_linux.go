@@ -27,6 +27,7 @@ import (
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/supervisor/egress/hostdial"
+	"github.com/openshell-go/openshell/internal/telemetry"
 	"github.com/openshell-go/openshell/internal/version"
 )
 
@@ -647,6 +648,8 @@ func (d *Driver) environ(sb *sandbox, rootfs string) []string {
 	env := map[string]string{"PATH": defaultPath, "HOME": "/sandbox"}
 	maps.Copy(env, spec.Template.Environment)
 	maps.Copy(env, spec.Environment)
+	maps.DeleteFunc(env, func(k, _ string) bool { return telemetry.IsSupervisorEnv(k) })
+	maps.Copy(env, d.cfg.supervisorEnv)
 	command := spec.Command
 	if command == nil {
 		command = []string{}
