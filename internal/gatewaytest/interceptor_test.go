@@ -37,7 +37,7 @@ func fakeInterceptor(t *testing.T) string {
 	fakeICOnce.Do(func() {
 		_, file, _, _ := runtime.Caller(0)
 		root := filepath.Join(filepath.Dir(file), "..", "..")
-		dir, err := os.MkdirTemp(baseDir(t), "fakeic-")
+		dir, err := processDir(t, "fakeic-")
 		if err != nil {
 			fakeICErr = err
 			return
