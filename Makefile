@@ -6,7 +6,7 @@ LDFLAGS := -X github.com/openshell-go/openshell/internal/version.Version=$(VERSI
 BINARIES := openshell-gateway openshell-sandbox openshell
 GOLANGCI_LINT_VERSION ?= v2.15.0
 
-.PHONY: help generate build lint test test-unit bench check check-generated check-tidy check-imports run stop clean
+.PHONY: help generate build lint test test-k8s-node test-unit bench check check-generated check-tidy check-imports run stop clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -34,6 +34,9 @@ lint: ## gofmt, go vet and golangci-lint
 
 test: build ## run every test, starting the real components they need (PostgreSQL, kube-apiserver, ...)
 	./test/run-all.sh
+
+test-k8s-node: build ## one-node Kubernetes suites (kubelet + containerd, needs root); not yet part of make test
+	./test/k8s/node/run.sh
 
 test-unit: ## run the Go tests without starting external components
 	$(GO) test ./...

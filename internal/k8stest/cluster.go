@@ -63,6 +63,14 @@ type Options struct {
 	// Users are extra static-token users (for RBAC tests). Their tokens
 	// authenticate them; RBAC decides what they may do.
 	Users []User
+	// Node also starts a node: containerd, kubelet, kube-scheduler and
+	// kube-controller-manager (see [Node]), so pods run. It needs root, the
+	// binaries of test/k8s/node/build.sh ([EnvNodeBinDir]), runc, the CNI
+	// plugins and busybox-static; without them the test skips (fails under
+	// CI=true). The controller-manager also brings what a bare control plane
+	// lacks: "default" ServiceAccounts, garbage collection and namespace
+	// deletion.
+	Node bool
 }
 
 // User is a static-token apiserver user.
@@ -88,6 +96,8 @@ type Cluster struct {
 	// Dir holds the cluster's state and the processes' logs
 	// (etcd.log, kube-apiserver.log, agent-sandbox-controller.log).
 	Dir string
+	// Node is the running node when [Options].Node was set, else nil.
+	Node *Node
 
 	adminToken string
 	procs      []*proc // in start order
@@ -126,6 +136,11 @@ func Start(t testing.TB, opts Options) *Cluster {
 	bin, err := BinDir()
 	if err != nil {
 		unavailable(t, err)
+	}
+	if opts.Node {
+		if _, err := nodePreflight(); err != nil {
+			unavailable(t, err)
+		}
 	}
 	t0 := time.Now()
 	c, err := start(t.Context(), t.TempDir(), bin, opts)
@@ -228,7 +243,17 @@ func start(ctx context.Context, dir, bin string, opts Options) (_ *Cluster, err 
 	}
 	etcdPort, etcdPeer, apiPort, metricsPort, probePort := ports[0], ports[1], ports[2], ports[3], ports[4]
 
-	if err := c.writeAuthFiles(opts.Users); err != nil {
+	users := opts.Users
+	var kubeletToken string
+	if opts.Node {
+		tok := make([]byte, 32)
+		if _, err := rand.Read(tok); err != nil {
+			return nil, err
+		}
+		kubeletToken = hex.EncodeToString(tok)
+		users = append(append([]User(nil), users...), User{Name: "system:node:" + NodeName, UID: "k8stest-node", Token: kubeletToken, Groups: []string{"system:nodes"}})
+	}
+	if err := c.writeAuthFiles(users); err != nil {
 		return nil, err
 	}
 
@@ -258,7 +283,7 @@ func start(ctx context.Context, dir, bin string, opts Options) (_ *Cluster, err 
 	// kube-apiserver.
 	c.Host = "https://127.0.0.1:" + strconv.Itoa(apiPort)
 	certDir := filepath.Join(dir, "certs")
-	api, err := startProc(dir, "kube-apiserver", filepath.Join(bin, "kube-apiserver"), []string{
+	apiArgs := []string{
 		"--etcd-servers=" + etcdURL,
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
@@ -275,7 +300,13 @@ func start(ctx context.Context, dir, bin string, opts Options) (_ *Cluster, err 
 		"--enable-admission-plugins=NamespaceLifecycle,ServiceAccount",
 		"--disable-admission-plugins=DefaultStorageClass,StorageObjectInUseProtection,PersistentVolumeClaimResize,TaintNodesByCondition",
 		"--profiling=false",
-	}, nil)
+	}
+	if opts.Node {
+		// The kubelet registers the bridge address as its InternalIP; its
+		// serving certificate is self-signed (not verified on loopback).
+		apiArgs = append(apiArgs, "--kubelet-preferred-address-types=InternalIP", "--allow-privileged=true")
+	}
+	api, err := startProc(dir, "kube-apiserver", filepath.Join(bin, "kube-apiserver"), apiArgs, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -316,6 +347,15 @@ func start(ctx context.Context, dir, bin string, opts Options) (_ *Cluster, err 
 			return nil, err
 		}
 	}
+	if opts.Node {
+		nodeBin, err := NodeBinDir()
+		if err != nil {
+			return nil, err
+		}
+		if err := c.startNode(ctx, nodeBin, kubeletToken); err != nil {
+			return nil, err
+		}
+	}
 	select {
 	case <-ctx.Done():
 		return nil, ctx.Err()
@@ -329,6 +369,9 @@ func (c *Cluster) stop() {
 	c.stopOnce.Do(func() {
 		for i := len(c.procs) - 1; i >= 0; i-- {
 			c.procs[i].stop()
+		}
+		if c.Node != nil {
+			c.Node.stop()
 		}
 	})
 }
