@@ -296,7 +296,11 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	}
 	var icpt *interceptor.Runtime
 	if len(cfg.Interceptors) > 0 {
-		rt, err := interceptor.Start(ctx, interceptor.Options{Configs: cfg.Interceptors, Logger: logger, Metrics: registry})
+		io := interceptor.Options{Configs: cfg.Interceptors, Logger: logger, Metrics: registry}
+		if issuer != nil { // no JWT key: interceptors get no extension token
+			io.Tokens = issuer
+		}
+		rt, err := interceptor.Start(ctx, io)
 		if err != nil {
 			return fmt.Errorf("gateway interceptors: %w", err)
 		}

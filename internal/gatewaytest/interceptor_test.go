@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -214,5 +218,85 @@ func TestGatewayRefusesInvalidInterceptor(t *testing.T) {
 	want := `interceptor "bad": binding "read": rpc "openshell.v1.OpenShell/GetProvider" is not interceptable`
 	if !strings.Contains(string(out), want) {
 		t.Errorf("gateway output lacks %q:\n%s", want, out)
+	}
+}
+
+// TestGatewayInterceptorExtensionToken: the real gateway sends a unix://
+// interceptor a gateway-minted extension token that verifies against the
+// gateway's own /.well-known/jwks.json with typ openshell-ext+jwt, the
+// exact configured audience and a future exp; the gateway refuses that
+// token as a credential; the token is never logged.
+func TestGatewayInterceptorExtensionToken(t *testing.T) {
+	sock := filepath.Join(TempDir(t), "ic.sock")
+	_, rec := runInterceptor(t, &gipb.InterceptorManifest{Name: "guard", Bindings: []*gipb.InterceptorBinding{
+		binding("v", "", gipb.GatewayInterceptorPhase_GATEWAY_INTERCEPTOR_PHASE_VALIDATE),
+	}}, "allow", "[]", "-unix", sock)
+	cfg := writeConfig(t, fmt.Sprintf("[[openshell.gateway.interceptors]]\nname = \"guard\"\ngrpc_endpoint = %q\naudience = \"urn:example:e2e-guard\"\ntimeout = \"5s\"\n", "unix://"+sock))
+	g := Start(t, Options{ExtraArgs: []string{"--config", cfg}})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if _, err := c.CreateProvider(ctx, newProvider("gh")); err != nil {
+		t.Fatalf("CreateProvider: %v", err)
+	}
+	b, err := os.ReadFile(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var line struct {
+		Authorization []string `json:"authorization"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimSpace(string(b))), &line); err != nil {
+		t.Fatalf("record %q: %v", b, err)
+	}
+	if len(line.Authorization) != 1 || !strings.HasPrefix(line.Authorization[0], "Bearer ") {
+		t.Fatalf("interceptor got authorization %q, want one Bearer token", line.Authorization)
+	}
+	tok := strings.TrimPrefix(line.Authorization[0], "Bearer ")
+
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: g.clientTLS()}}
+	resp, err := hc.Get("https://" + g.Addr + "/.well-known/jwks.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var set jose.JSONWebKeySet
+	if err := json.NewDecoder(resp.Body).Decode(&set); err != nil {
+		t.Fatalf("jwks: %v", err)
+	}
+	parsed, err := jwt.ParseSigned(tok, []jose.SignatureAlgorithm{jose.EdDSA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := parsed.Headers[0]
+	if h.ExtraHeaders[jose.HeaderType] != "openshell-ext+jwt" {
+		t.Errorf("typ = %v, want openshell-ext+jwt", h.ExtraHeaders[jose.HeaderType])
+	}
+	keys := set.Key(h.KeyID)
+	if len(keys) != 1 {
+		t.Fatalf("JWKS has %d keys for kid %q", len(keys), h.KeyID)
+	}
+	var claims struct {
+		Aud any   `json:"aud"`
+		Exp int64 `json:"exp"`
+	}
+	if err := parsed.Claims(keys[0].Key, &claims); err != nil {
+		t.Fatalf("signature does not verify against the gateway JWKS: %v", err)
+	}
+	if claims.Aud != "urn:example:e2e-guard" {
+		t.Errorf("aud = %#v, want exactly urn:example:e2e-guard", claims.Aud)
+	}
+	if exp := time.Unix(claims.Exp, 0); !exp.After(time.Now()) || exp.After(time.Now().Add(time.Hour)) {
+		t.Errorf("exp = %v, want within the next hour", exp)
+	}
+
+	// Presented to the gateway (over the mTLS connection it requires), the
+	// extension token is refused.
+	_, err = c.ListProviders(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok), &openshellv1.ListProvidersRequest{})
+	if status.Code(err) != codes.Unauthenticated || status.Convert(err).Message() != "extension tokens cannot authenticate to the gateway" {
+		t.Errorf("ListProviders with the extension token = %v, want Unauthenticated \"extension tokens cannot authenticate to the gateway\"", err)
+	}
+	if strings.Contains(g.Logs(), strings.Split(tok, ".")[2]) {
+		t.Error("the extension token appears in the gateway log")
 	}
 }

@@ -27,7 +27,7 @@ func BenchmarkOneInterceptor(b *testing.B) {
 	without, _, _ := serve(b, nil)
 	req := providerReq()
 	// The floor: one bare gRPC round trip to the same interceptor process.
-	conn, err := dial(c)
+	conn, err := dial(c, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -133,6 +133,30 @@ func (f *fake) evaluations(t *testing.T) ([]*gipb.InterceptorEvaluation, [][]byt
 	return evs, raws
 }
 
+// authorizations returns the authorization metadata of each Evaluate the
+// fake received, in order.
+func (f *fake) authorizations(t *testing.T) [][]string {
+	t.Helper()
+	b, err := os.ReadFile(f.record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]string
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if line == "" || line == snapshotLine {
+			continue
+		}
+		var l struct {
+			Authorization []string `json:"authorization"`
+		}
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, l.Authorization)
+	}
+	return out
+}
+
 // snapshotLine is what the fake records for a SnapshotProviderProfiles.
 const snapshotLine = `{"snapshot":true}`
 

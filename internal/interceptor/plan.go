@@ -122,11 +122,17 @@ type Options struct {
 	Logger  *slog.Logger
 	// Metrics receives the interceptor metrics; nil = not registered.
 	Metrics Registerer
+	// Tokens mints the extension token sent to each unix:// and https://
+	// interceptor as "authorization: Bearer", for the interceptor's exact
+	// audience; nil = no credential. http:// endpoints
+	// (allow_insecure_transport) never get one.
+	Tokens TokenMinter
 }
 
 // Runtime is the immutable execution plan plus the connections it uses.
 // It is safe for concurrent use.
 type Runtime struct {
+	tokens  TokenMinter
 	log     *slog.Logger
 	plan    map[key][]binding
 	methods map[string]protoreflect.MethodDescriptor
@@ -147,7 +153,7 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Runtime{log: o.Logger.With("component", "interceptor"), plan: map[key][]binding{}, methods: map[string]protoreflect.MethodDescriptor{}, metrics: m, profiles: map[string]*ProfileSource{}}
+	r := &Runtime{tokens: o.Tokens, log: o.Logger.With("component", "interceptor"), plan: map[key][]binding{}, methods: map[string]protoreflect.MethodDescriptor{}, metrics: m, profiles: map[string]*ProfileSource{}}
 	cfgs := slices.Clone(o.Configs)
 	sort.SliceStable(cfgs, func(i, j int) bool {
 		if cfgs[i].Order != cfgs[j].Order {
@@ -176,7 +182,7 @@ func (r *Runtime) Close() {
 	}
 }
 
-func dial(c Config) (*grpc.ClientConn, error) {
+func dial(c Config, tokens TokenMinter) (*grpc.ClientConn, error) {
 	target := c.Endpoint
 	var creds credentials.TransportCredentials
 	switch {
@@ -202,8 +208,12 @@ func dial(c Config) (*grpc.ClientConn, error) {
 		}
 		creds = credentials.NewTLS(tc)
 	}
-	return grpc.NewClient(target, grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.MaxResponseBytes)))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.MaxResponseBytes))}
+	if tokens != nil && !strings.HasPrefix(c.Endpoint, "http://") {
+		opts = append(opts, grpc.WithPerRPCCredentials(&extensionCredential{minter: tokens, audience: c.Audience, now: time.Now}))
+	}
+	return grpc.NewClient(target, opts...)
 }
 
 type rpcPhase struct {
@@ -213,9 +223,9 @@ type rpcPhase struct {
 
 func (r *Runtime) add(ctx context.Context, c Config) error {
 	if strings.HasPrefix(c.Endpoint, "http://") {
-		r.log.Warn("interceptor uses a plaintext endpoint (allow_insecure_transport)", "interceptor", c.Name, "endpoint", c.Endpoint)
+		r.log.Warn("interceptor uses a plaintext endpoint and gets no extension token (allow_insecure_transport)", "interceptor", c.Name, "endpoint", c.Endpoint)
 	}
-	conn, err := dial(c)
+	conn, err := dial(c, r.tokens)
 	if err != nil {
 		return err
 	}

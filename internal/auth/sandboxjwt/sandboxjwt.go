@@ -3,12 +3,15 @@
 // spiffe://openshell/sandbox/<id> and whose issuer and audience are
 // openshell-gateway:<gateway_id>. An exp of 0 means the token never
 // expires. Several verification keys can be active at once (rotation),
-// selected by the kid header.
+// selected by the kid header. The same key signs the extension tokens the
+// gateway sends to interceptors (MintExtension, typ openshell-ext+jwt),
+// which the Verifier refuses.
 package sandboxjwt
 
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
@@ -63,6 +66,7 @@ type Claims struct {
 // Issuer mints sandbox tokens. It is safe for concurrent use.
 type Issuer struct {
 	signer    jose.Signer
+	extSigner jose.Signer
 	gatewayID string
 	ttl       time.Duration
 	now       func() time.Time
@@ -85,7 +89,12 @@ func NewIssuer(key ed25519.PrivateKey, kid, gatewayID string, ttl time.Duration)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox jwt: signer: %w", err)
 	}
-	return &Issuer{signer: signer, gatewayID: gatewayID, ttl: ttl, now: time.Now}, nil
+	extSigner, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.EdDSA, Key: key},
+		(&jose.SignerOptions{}).WithType(ExtensionTokenType).WithHeader(jose.HeaderKey("kid"), kid))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox jwt: extension signer: %w", err)
+	}
+	return &Issuer{signer: signer, extSigner: extSigner, gatewayID: gatewayID, ttl: ttl, now: time.Now}, nil
 }
 
 // TTL returns the lifetime of minted tokens (0 = never expire).
@@ -112,6 +121,50 @@ func (i *Issuer) Mint(sandboxID string) (token string, expiresAt time.Time, err 
 	token, err = jwt.Signed(i.signer).Claims(c).Serialize()
 	if err != nil {
 		return "", time.Time{}, fmt.Errorf("sandbox jwt: sign: %w", err)
+	}
+	return token, expiresAt, nil
+}
+
+// MaxExtensionTTL is the longest lifetime of an extension token
+// (OpenShell's MAX_EXTENSION_TOKEN_TTL).
+const MaxExtensionTTL = time.Hour
+
+// ExtensionClaims are the claims of an extension token the gateway mints
+// for its own calls to an extension (caller_kind "gateway").
+type ExtensionClaims struct {
+	Issuer     string `json:"iss"`
+	Audience   string `json:"aud"`
+	Subject    string `json:"sub"`
+	IssuedAt   int64  `json:"iat"`
+	Expiry     int64  `json:"exp"`
+	ID         string `json:"jti"`
+	CallerKind string `json:"caller_kind"`
+}
+
+// MintExtension returns an extension token for the exact audience, valid
+// for ttl (1s to MaxExtensionTTL), and its expiry. The header carries
+// typ openshell-ext+jwt, so the gateway's own Verifier refuses it; iss and
+// sub are openshell-gateway:<gateway_id>, caller_kind is "gateway".
+func (i *Issuer) MintExtension(audience string, ttl time.Duration) (token string, expiresAt time.Time, err error) {
+	if audience == "" || audience == Audience(i.gatewayID) {
+		return "", time.Time{}, errdefs.InvalidArgument("extension audience must be set and differ from the gateway sandbox audience")
+	}
+	if ttl < time.Second || ttl > MaxExtensionTTL {
+		return "", time.Time{}, errdefs.InvalidArgument(fmt.Sprintf("extension token ttl must be between 1 and %d seconds", int(MaxExtensionTTL.Seconds())))
+	}
+	var jti [16]byte
+	if _, err := rand.Read(jti[:]); err != nil {
+		return "", time.Time{}, fmt.Errorf("sandbox jwt: jti: %w", err)
+	}
+	now := i.now()
+	expiresAt = now.Add(ttl)
+	c := ExtensionClaims{
+		Issuer: Audience(i.gatewayID), Audience: audience, Subject: Audience(i.gatewayID),
+		IssuedAt: now.Unix(), Expiry: expiresAt.Unix(), ID: hex.EncodeToString(jti[:]), CallerKind: "gateway",
+	}
+	token, err = jwt.Signed(i.extSigner).Claims(c).Serialize()
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("sandbox jwt: sign extension token: %w", err)
 	}
 	return token, expiresAt, nil
 }

@@ -180,3 +180,40 @@ func TestVerifyRejections(t *testing.T) {
 		})
 	}
 }
+
+// TestMintExtension: a minted extension token is typed openshell-ext+jwt
+// and refused by the gateway's own verifier with OpenShell's text; the
+// audience and lifetime are bounded as in OpenShell.
+func TestMintExtension(t *testing.T) {
+	k := newKey(t)
+	iss, err := NewIssuer(k.priv, k.kid, "gw", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := NewVerifier("gw", k.key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, exp, err := iss.MintExtension("urn:openshell:extension:interceptor:x", 5*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Until(exp); d < 4*time.Minute || d > 5*time.Minute {
+		t.Errorf("expires in %v, want 5m", d)
+	}
+	if h, _ := parseHeader(tok); h.Typ != ExtensionTokenType || h.Kid != k.kid || h.Alg != "EdDSA" {
+		t.Errorf("header = %+v", h)
+	}
+	p, err := v.Authenticate(t.Context(), req(tok))
+	if p != nil || !errors.Is(err, errdefs.ErrUnauthenticated) || err.Error() != "extension tokens cannot authenticate to the gateway" {
+		t.Errorf("Authenticate(extension token) = %v, %v", p, err)
+	}
+	for _, tc := range []struct {
+		aud string
+		ttl time.Duration
+	}{{"", time.Minute}, {Audience("gw"), time.Minute}, {"urn:x", 0}, {"urn:x", MaxExtensionTTL + time.Second}} {
+		if _, _, err := iss.MintExtension(tc.aud, tc.ttl); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("MintExtension(%q, %v) = %v, want InvalidArgument", tc.aud, tc.ttl, err)
+		}
+	}
+}

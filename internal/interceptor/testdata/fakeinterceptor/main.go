@@ -2,7 +2,8 @@
 // internal/interceptor. It listens on a loopback port, prints
 // "listening <addr>", answers Describe with the manifest given as ProtoJSON
 // and records every Evaluate request it receives (ProtoJSON plus the raw
-// wire bytes, base64) as one JSON line in the record file. With -profiles
+// wire bytes, base64, and the authorization metadata the call carried) as
+// one JSON line in the record file. With -profiles
 // it answers SnapshotProviderProfiles with those profiles and -revision,
 // recording each call as the line {"snapshot":true}.
 package main
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -55,8 +57,8 @@ func (s *server) Describe(context.Context, *gipb.DescribeRequest) (*gipb.Interce
 	return s.manifest, nil
 }
 
-func (s *server) Evaluate(_ context.Context, ev *gipb.InterceptorEvaluation) (*gipb.InterceptorResult, error) {
-	s.write(ev)
+func (s *server) Evaluate(ctx context.Context, ev *gipb.InterceptorEvaluation) (*gipb.InterceptorResult, error) {
+	s.write(ctx, ev)
 	switch s.behavior {
 	case "crash":
 		os.Exit(3)
@@ -80,7 +82,7 @@ func (s *server) Evaluate(_ context.Context, ev *gipb.InterceptorEvaluation) (*g
 	return res, nil
 }
 
-func (s *server) write(ev *gipb.InterceptorEvaluation) {
+func (s *server) write(ctx context.Context, ev *gipb.InterceptorEvaluation) {
 	if s.behavior == "noop" { // the benchmark's interceptor: allow, record nothing
 		return
 	}
@@ -92,7 +94,8 @@ func (s *server) write(ev *gipb.InterceptorEvaluation) {
 	if err != nil {
 		panic(err)
 	}
-	line, _ := json.Marshal(map[string]any{"json": json.RawMessage(js), "raw": base64.StdEncoding.EncodeToString(raw)})
+	md, _ := metadata.FromIncomingContext(ctx)
+	line, _ := json.Marshal(map[string]any{"json": json.RawMessage(js), "raw": base64.StdEncoding.EncodeToString(raw), "authorization": md.Get("authorization")})
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, _ = s.record.Write(append(line, '\n'))
