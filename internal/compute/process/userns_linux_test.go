@@ -117,6 +117,9 @@ func TestShiftLayer(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := unix.Lsetxattr(dir, "trusted.overlay.opaque", []byte("y"), 0); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("trusted xattrs are required under CI=true (the gateway runs as root): %v", err)
+		}
 		t.Skipf("no trusted xattrs here: %v", err)
 	}
 	file := filepath.Join(layer, "upper", "suid")

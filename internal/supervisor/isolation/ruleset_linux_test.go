@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/openshell-go/openshell/internal/supervisor/isolation/isolationtest"
 )
 
 // TestBuildRulesetScopesOnly: under best effort, when no rule path can be
@@ -12,7 +14,7 @@ import (
 func TestBuildRulesetScopesOnly(t *testing.T) {
 	abi := LandlockABI()
 	if abi < 1 {
-		t.Skip("kernel without Landlock")
+		isolationtest.SkipOrFail(t, "kernel without Landlock")
 	}
 	spec := LandlockSpec{ReadOnly: []Path{{Path: "/does/not/exist"}}}
 	for _, a := range []int{5, abi} {
