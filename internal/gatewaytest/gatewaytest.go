@@ -201,36 +201,49 @@ func TempDir(t testing.TB) string {
 	return dir
 }
 
-var (
-	helperOnce sync.Once
-	helperPath string
-	helperErr  error
-)
+// builtOnce is a Go main package built on first use into a directory of
+// this test process.
+type builtOnce struct {
+	prefix string // processDir prefix
+	pkg    string // package path relative to the module root
+	name   string // binary name
+
+	once sync.Once
+	path string
+	err  error
+}
+
+func (b *builtOnce) get(t testing.TB) string {
+	t.Helper()
+	b.once.Do(func() {
+		dir, err := processDir(t, b.prefix)
+		if err != nil {
+			b.err = err
+			return
+		}
+		_, file, _, _ := runtime.Caller(0)
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, b.name), b.pkg)
+		cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("go build %s: %w\n%s", b.pkg, err, out)
+			return
+		}
+		b.path = filepath.Join(dir, b.name)
+	})
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.path
+}
+
+var sbhelper = builtOnce{prefix: "helper-", pkg: "./internal/gatewaytest/testdata/sbhelper", name: "sbhelper"}
 
 // HelperBinary builds testdata/sbhelper (echo server and friends used
 // inside sandboxes) once and returns its path.
 func HelperBinary(t testing.TB) string {
 	t.Helper()
-	helperOnce.Do(func() {
-		dir, err := processDir(t, "helper-")
-		if err != nil {
-			helperErr = err
-			return
-		}
-		_, file, _, _ := runtime.Caller(0)
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "sbhelper"), "./testdata/sbhelper")
-		cmd.Dir = filepath.Dir(file)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			helperErr = fmt.Errorf("build sbhelper: %w\n%s", err, out)
-			return
-		}
-		helperPath = filepath.Join(dir, "sbhelper")
-	})
-	if helperErr != nil {
-		t.Fatal(helperErr)
-	}
-	return helperPath
+	return sbhelper.get(t)
 }
 
 // helperInWorkspace is where InstallHelper puts the helper binary inside

@@ -10,10 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,35 +27,12 @@ import (
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 )
 
-var (
-	fakeICOnce sync.Once
-	fakeICPath string
-	fakeICErr  error
-)
+var fakeIC = builtOnce{prefix: "fakeic-", pkg: "./internal/interceptor/testdata/fakeinterceptor", name: "fakeinterceptor"}
 
 // fakeInterceptor builds internal/interceptor/testdata/fakeinterceptor once.
 func fakeInterceptor(t *testing.T) string {
 	t.Helper()
-	fakeICOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
-		root := filepath.Join(filepath.Dir(file), "..", "..")
-		dir, err := processDir(t, "fakeic-")
-		if err != nil {
-			fakeICErr = err
-			return
-		}
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "fakeinterceptor"), "./internal/interceptor/testdata/fakeinterceptor")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fakeICErr = fmt.Errorf("go build fakeinterceptor: %w\n%s", err, out)
-			return
-		}
-		fakeICPath = filepath.Join(dir, "fakeinterceptor")
-	})
-	if fakeICErr != nil {
-		t.Fatal(fakeICErr)
-	}
-	return fakeICPath
+	return fakeIC.get(t)
 }
 
 // runInterceptor starts the fake with a manifest and behavior; it returns
