@@ -572,15 +572,11 @@ func (s *Store) rewrapRefreshMaterial(ctx context.Context) (int, error) {
 			_, _, err := store.UpdateCASAs(ctx, s.o.Objects, TypeProviderRefresh, id, 0, newRefreshState, func(st *openshellv1.StoredProviderCredentialRefreshState) error {
 				changed = false
 				for k, h := range st.GetSecretMaterialHandles() {
-					sealed := credentials.Sealed{KEKID: h.GetMetadata()[credentials.MetaKEKID], WrappedKey: h.GetMetadata()[credentials.MetaWrappedKey], Ciphertext: h.GetHandle()}
-					r, ok, err := s.o.Keyring.Rewrap(sealed, materialAAD(id, k))
+					ok, err := s.rewrapHandle(h, materialAAD(id, k))
 					if err != nil {
 						return fmt.Errorf("refresh of credential '%s' of provider '%s', material %q: %w", st.GetCredentialKey(), st.GetProviderName(), k, err)
 					}
-					if ok {
-						h.Metadata[credentials.MetaKEKID], h.Metadata[credentials.MetaWrappedKey] = r.KEKID, r.WrappedKey
-						changed = true
-					}
+					changed = changed || ok
 				}
 				if !changed {
 					return errUnchanged

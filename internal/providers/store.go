@@ -71,6 +71,33 @@ func Redact(stored *datamodelv1.Provider) *datamodelv1.Provider {
 
 func aad(providerID, key string) string { return providerID + "/" + key }
 
+// refuseInUse asks inUse who still uses an object and, when anyone does,
+// refuses with FailedPrecondition "<what>: <sorted users>".
+func refuseInUse(ctx context.Context, inUse func(ctx context.Context) ([]string, error), what string) error {
+	users, err := inUse(ctx)
+	if err != nil {
+		return err
+	}
+	if len(users) > 0 {
+		slices.Sort(users)
+		return errdefs.FailedPrecondition(fmt.Sprintf("%s: %s", what, strings.Join(users, ", ")))
+	}
+	return nil
+}
+
+// rewrapHandle re-wraps the data key of the sealed credential handle h
+// (bound to aad) under the keyring's current KEK, updating h's metadata in
+// place, and reports whether it changed.
+func (s *Store) rewrapHandle(h *datamodelv1.CredentialHandle, aad string) (bool, error) {
+	sealed := credentials.Sealed{KEKID: h.GetMetadata()[credentials.MetaKEKID], WrappedKey: h.GetMetadata()[credentials.MetaWrappedKey], Ciphertext: h.GetHandle()}
+	r, ok, err := s.o.Keyring.Rewrap(sealed, aad)
+	if err != nil || !ok {
+		return false, err
+	}
+	h.Metadata[credentials.MetaKEKID], h.Metadata[credentials.MetaWrappedKey] = r.KEKID, r.WrappedKey
+	return true, nil
+}
+
 // seal moves every credential value of p into a sealed handle.
 func (s *Store) seal(p *datamodelv1.Provider, values map[string]string) error {
 	if len(values) == 0 {
@@ -280,13 +307,8 @@ func (s *Store) Delete(ctx context.Context, workspace, name string, inUse func(c
 	if err != nil {
 		return false, err
 	}
-	users, err := inUse(ctx)
-	if err != nil {
+	if err := refuseInUse(ctx, inUse, fmt.Sprintf("provider '%s' is attached to sandbox(es)", name)); err != nil {
 		return false, err
-	}
-	if len(users) > 0 {
-		slices.Sort(users)
-		return false, errdefs.FailedPrecondition(fmt.Sprintf("provider '%s' is attached to sandbox(es): %s", name, strings.Join(users, ", ")))
 	}
 	ok, err := s.deleteAt(ctx, store.TypeProvider, cur.GetMetadata(), fmt.Sprintf("provider '%s'", name))
 	if ok {
@@ -404,15 +426,11 @@ func (s *Store) rewrapOne(ctx context.Context, id string) (bool, error) {
 				if h.GetDriver() != credentials.Driver {
 					continue
 				}
-				sealed := credentials.Sealed{KEKID: h.GetMetadata()[credentials.MetaKEKID], WrappedKey: h.GetMetadata()[credentials.MetaWrappedKey], Ciphertext: h.GetHandle()}
-				r, ok, err := s.o.Keyring.Rewrap(sealed, aad(id, key))
+				ok, err := s.rewrapHandle(h, aad(id, key))
 				if err != nil {
 					return fmt.Errorf("credential '%s': %w", key, err)
 				}
-				if ok {
-					h.Metadata[credentials.MetaKEKID], h.Metadata[credentials.MetaWrappedKey] = r.KEKID, r.WrappedKey
-					changed = true
-				}
+				changed = changed || ok
 			}
 			if !changed {
 				return errUnchanged

@@ -472,13 +472,8 @@ func (s *Store) DeleteProfile(ctx context.Context, scope, id string, inUse func(
 	if err != nil {
 		return false, err
 	}
-	users, err := inUse(ctx)
-	if err != nil {
+	if err := refuseInUse(ctx, inUse, fmt.Sprintf("provider profile '%s' is in use by providers", id)); err != nil {
 		return false, err
-	}
-	if len(users) > 0 {
-		slices.Sort(users)
-		return false, errdefs.FailedPrecondition(fmt.Sprintf("provider profile '%s' is in use by providers: %s", id, strings.Join(users, ", ")))
 	}
 	return s.deleteAt(ctx, TypeProviderProfile, cur.GetMetadata(), "provider profile")
 }
