@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"crypto/tls"
 	"fmt"
-	"io"
 	"net"
 	"time"
 )
@@ -14,17 +13,11 @@ import (
 // the proxy has a CA) is terminated with a leaf for InferenceHost, and
 // every request in the tunnel goes to Config.Inference.
 func (p *Proxy) serveInferenceTunnel(c net.Conn, br *bufio.Reader, caller Caller) {
-	if _, err := io.WriteString(c, connectOK); err != nil {
+	conn, hello, ok := acceptTunnel(c, br)
+	if !ok {
 		return
 	}
-	_ = c.SetReadDeadline(time.Now().Add(headerTimeout))
-	first, err := br.Peek(1)
-	_ = c.SetReadDeadline(time.Time{})
-	if err != nil {
-		return
-	}
-	var conn net.Conn = &prefixConn{Conn: c, r: br}
-	if first[0] == 0x16 { // a TLS handshake record
+	if hello {
 		if p.cfg.CA == nil {
 			return
 		}

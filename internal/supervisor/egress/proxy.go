@@ -299,6 +299,23 @@ func (p *Proxy) handle(c net.Conn) {
 
 const connectOK = "HTTP/1.1 200 Connection Established\r\n\r\n"
 
+// acceptTunnel answers a CONNECT with 200 and peeks at the tunnel's first
+// byte (within headerTimeout). It returns the tunnel's client side (br's
+// buffered bytes first) and whether the client starts a TLS handshake; ok
+// is false when the client is gone.
+func acceptTunnel(c net.Conn, br *bufio.Reader) (client net.Conn, hello, ok bool) {
+	if _, err := io.WriteString(c, connectOK); err != nil {
+		return nil, false, false
+	}
+	_ = c.SetReadDeadline(time.Now().Add(headerTimeout))
+	first, err := br.Peek(1)
+	_ = c.SetReadDeadline(time.Time{})
+	if err != nil {
+		return nil, false, false
+	}
+	return &prefixConn{Conn: c, r: br}, first[0] == 0x16, true // 0x16: a TLS handshake record
+}
+
 // capReader lets the request reader bound header sizes: while limit > 0,
 // reads stop (hit) once limit bytes came through.
 type capReader struct {

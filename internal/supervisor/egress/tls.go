@@ -11,7 +11,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -182,16 +181,10 @@ func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, poole
 			p.releaseTo(&p.tlsPool, pooled, true)
 		}
 	}()
-	if _, err := io.WriteString(c, connectOK); err != nil {
+	client, hello, ok := acceptTunnel(c, br)
+	if !ok {
 		return
 	}
-	_ = c.SetReadDeadline(time.Now().Add(headerTimeout))
-	first, err := br.Peek(1)
-	_ = c.SetReadDeadline(time.Time{})
-	if err != nil {
-		return
-	}
-	var client net.Conn = &prefixConn{Conn: c, r: br}
 	ip, _ := netip.ParseAddr(connEv.IP)
 	// dialUp opens a new upstream connection (TLS when isTLS); on failure
 	// it answers 502 in the tunnel and logs the denial.
@@ -210,7 +203,7 @@ func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, poole
 		}
 		return u
 	}
-	if first[0] == 0x16 { // a TLS handshake record
+	if hello {
 		if p.cfg.CA == nil {
 			ev := connEv
 			ev.Decision, ev.Reason = "deny", errNoCA.Error()
