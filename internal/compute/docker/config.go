@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -15,7 +14,7 @@ import (
 )
 
 const (
-	supervisorName = "openshell-sandbox"
+	supervisorName = compute.SupervisorName
 	defaultSocket  = "/var/run/docker.sock"
 )
 
@@ -125,7 +124,7 @@ func parseConfig(cfg map[string]any, deps compute.FactoryDeps) (config, error) {
 	}
 	c.stateDir = abs
 	if c.supervisorPath == "" {
-		c.supervisorPath = findSupervisor()
+		c.supervisorPath = compute.FindSupervisor()
 	}
 	return c, nil
 }
@@ -216,23 +215,6 @@ func (c *config) resolveCallback(endpoint string) error {
 	c.callbackDir, c.callbackSock = filepath.Split(filepath.Clean(p))
 	c.callbackDir = filepath.Clean(c.callbackDir)
 	return nil
-}
-
-// findSupervisor looks for openshell-sandbox next to the running
-// executable, then on $PATH; the bare name makes ValidateCreate fail.
-func findSupervisor() string {
-	if exe, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(exe), supervisorName)
-		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
-			return p
-		}
-	}
-	if p, err := exec.LookPath(supervisorName); err == nil {
-		if abs, err := filepath.Abs(p); err == nil {
-			return abs
-		}
-	}
-	return supervisorName
 }
 
 func (c config) checkSupervisor() error {

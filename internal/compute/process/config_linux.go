@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -16,7 +15,7 @@ import (
 	"github.com/openshell-go/openshell/internal/errdefs"
 )
 
-const supervisorName = "openshell-sandbox"
+const supervisorName = compute.SupervisorName
 
 type config struct {
 	stateDir       string
@@ -96,27 +95,9 @@ func parseConfig(cfg map[string]any, deps compute.FactoryDeps) (config, error) {
 	}
 	c.stateDir = abs
 	if c.supervisorPath == "" {
-		c.supervisorPath = findSupervisor()
+		c.supervisorPath = compute.FindSupervisor()
 	}
 	return c, nil
-}
-
-// findSupervisor looks for openshell-sandbox next to the running
-// executable, then on $PATH. It returns the bare name when neither has it,
-// so the error surfaces at ValidateCreate.
-func findSupervisor() string {
-	if exe, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(exe), supervisorName)
-		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
-			return p
-		}
-	}
-	if p, err := exec.LookPath(supervisorName); err == nil {
-		if abs, err := filepath.Abs(p); err == nil {
-			return abs
-		}
-	}
-	return supervisorName
 }
 
 func (c config) checkSupervisor() error {
