@@ -705,24 +705,36 @@ func (d *Driver) Stop(ctx context.Context, ref compute.Ref) error {
 	if p := d.pendingOf(ref); p != nil {
 		return errdefs.FailedPrecondition(fmt.Sprintf("sandbox %s is still waiting for its image", p.ID))
 	}
-	c, err := d.find(ctx, ref)
+	c, unlock, err := d.lockAndMarkStopped(ctx, ref, true)
 	if err != nil {
 		return err
 	}
-	if c == nil {
-		return notFound(ref)
-	}
-	id := c.Labels[LabelSandboxID]
-	unlock := d.op(id)
 	defer unlock()
-	if err := d.setStopped(id, true); err != nil {
-		return err
-	}
 	timeout := int(d.cfg.stopTimeout / time.Second)
 	if err := d.cli.ContainerStop(ctx, c.ID, container.StopOptions{Timeout: &timeout}); err != nil && !cerrdefs.IsNotModified(err) {
 		return d.apiError("stop container", err)
 	}
 	return nil
+}
+
+// lockAndMarkStopped finds ref's container, takes the sandbox's op lock
+// and records whether the gateway stopped it. On success the caller must
+// call unlock; on error the lock is not held.
+func (d *Driver) lockAndMarkStopped(ctx context.Context, ref compute.Ref, stopped bool) (*container.Summary, func(), error) {
+	c, err := d.find(ctx, ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	if c == nil {
+		return nil, nil, notFound(ref)
+	}
+	id := c.Labels[LabelSandboxID]
+	unlock := d.op(id)
+	if err := d.setStopped(id, stopped); err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return c, unlock, nil
 }
 
 // Start implements compute.Driver: the same container starts again, with
@@ -734,19 +746,11 @@ func (d *Driver) Start(ctx context.Context, ref compute.Ref) error {
 		}
 		return nil // it starts once its image is there
 	}
-	c, err := d.find(ctx, ref)
+	c, unlock, err := d.lockAndMarkStopped(ctx, ref, false)
 	if err != nil {
 		return err
 	}
-	if c == nil {
-		return notFound(ref)
-	}
-	id := c.Labels[LabelSandboxID]
-	unlock := d.op(id)
 	defer unlock()
-	if err := d.setStopped(id, false); err != nil {
-		return err
-	}
 	info, err := d.cli.ContainerInspect(ctx, c.ID)
 	if err != nil {
 		return d.apiError("inspect container", err)
