@@ -145,10 +145,7 @@ func (a *app) newServiceGetCmd() *cobra.Command {
 		Args:              argsUsage(cobra.RangeArgs(1, 2)),
 		ValidArgsFunction: a.completeSandboxes,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			service := ""
-			if len(args) == 2 {
-				service = args[1]
-			}
+			service := optionalArg(args, 1)
 			c, err := a.gateway()
 			if err != nil {
 				return err
@@ -177,10 +174,7 @@ func (a *app) newServiceDeleteCmd() *cobra.Command {
 		Args:              argsUsage(cobra.RangeArgs(1, 2)),
 		ValidArgsFunction: a.completeSandboxes,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			service := ""
-			if len(args) == 2 {
-				service = args[1]
-			}
+			service := optionalArg(args, 1)
 			c, err := a.gateway()
 			if err != nil {
 				return err
@@ -199,4 +193,12 @@ func (a *app) newServiceDeleteCmd() *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// optionalArg returns args[i], or "" when the optional argument was not given.
+func optionalArg(args []string, i int) string {
+	if len(args) > i {
+		return args[i]
+	}
+	return ""
 }

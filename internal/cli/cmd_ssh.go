@@ -58,32 +58,11 @@ for tools that want one.`,
 // shell's exit status becomes an *ExitError.
 func (a *app) connect(ctx context.Context, sb *openshellv1.Sandbox) error {
 	name := sb.GetMetadata().GetName()
-	sess, err := a.createSSHSession(ctx, sb)
+	client, closeSSH, err := a.dialSandboxSSH(ctx, sb)
 	if err != nil {
 		return err
 	}
-	t, err := a.openTunnel(ctx, sshInit(sb.GetMetadata().GetId(), sess.GetToken()))
-	if err != nil {
-		return a.rpcError(err, sandboxWhat(name))
-	}
-	defer func() { _ = t.Close() }()
-	cfg := &ssh.ClientConfig{
-		User: sshUser,
-		// The relay is authenticated and authorized by the gateway (session
-		// token bound to this sandbox); the supervisor's host key is
-		// ephemeral, so there is nothing to pin.
-		HostKeyCallback: ssh.InsecureIgnoreHostKey(), //nolint:gosec // see above
-		Auth:            nil,                         // "none" authentication
-	}
-	conn, chans, reqs, err := ssh.NewClientConn(tunnelConn{t}, "sandbox-"+name, cfg)
-	if err != nil {
-		if rerr := t.remoteErr(); rerr != nil {
-			err = rerr
-		}
-		return a.relayError(err, name)
-	}
-	client := ssh.NewClient(conn, chans, reqs)
-	defer func() { _ = client.Close() }()
+	defer closeSSH()
 	s, err := client.NewSession()
 	if err != nil {
 		return fmt.Errorf("sandbox %q: open ssh session: %w", name, err)
@@ -290,4 +269,39 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// dialSandboxSSH opens an SSH session through the gateway relay to sandbox sb
+// and returns the SSH client and a func closing the client, then the tunnel.
+func (a *app) dialSandboxSSH(ctx context.Context, sb *openshellv1.Sandbox) (*ssh.Client, func(), error) {
+	name := sb.GetMetadata().GetName()
+	sess, err := a.createSSHSession(ctx, sb)
+	if err != nil {
+		return nil, nil, err
+	}
+	t, err := a.openTunnel(ctx, sshInit(sb.GetMetadata().GetId(), sess.GetToken()))
+	if err != nil {
+		return nil, nil, a.rpcError(err, sandboxWhat(name))
+	}
+	cfg := &ssh.ClientConfig{
+		User: sshUser,
+		// The relay is authenticated and authorized by the gateway (session
+		// token bound to this sandbox); the supervisor's host key is
+		// ephemeral, so there is nothing to pin.
+		HostKeyCallback: ssh.InsecureIgnoreHostKey(), //nolint:gosec // see above
+		Auth:            nil,                         // "none" authentication
+	}
+	conn, chans, reqs, err := ssh.NewClientConn(tunnelConn{t}, "sandbox-"+name, cfg)
+	if err != nil {
+		if rerr := t.remoteErr(); rerr != nil {
+			err = rerr
+		}
+		_ = t.Close()
+		return nil, nil, a.relayError(err, name)
+	}
+	client := ssh.NewClient(conn, chans, reqs)
+	return client, func() {
+		_ = client.Close()
+		_ = t.Close()
+	}, nil
 }

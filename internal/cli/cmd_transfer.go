@@ -13,7 +13,6 @@ import (
 
 	"github.com/pkg/sftp"
 	"github.com/spf13/cobra"
-	"golang.org/x/crypto/ssh"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 )
@@ -96,29 +95,11 @@ func (a *app) withSFTP(ctx context.Context, name string, fn func(*sftp.Client) e
 	if ph := sb.GetStatus().GetPhase(); ph != openshellv1.SandboxPhase_SANDBOX_PHASE_READY {
 		return &userError{msg: fmt.Sprintf("sandbox %q is %s, not Ready", name, phaseName(ph))}
 	}
-	sess, err := a.createSSHSession(ctx, sb)
+	client, closeSSH, err := a.dialSandboxSSH(ctx, sb)
 	if err != nil {
 		return err
 	}
-	t, err := a.openTunnel(ctx, sshInit(sb.GetMetadata().GetId(), sess.GetToken()))
-	if err != nil {
-		return a.rpcError(err, sandboxWhat(name))
-	}
-	defer func() { _ = t.Close() }()
-	cfg := &ssh.ClientConfig{
-		User: sshUser,
-		// As in connect: the gateway authenticates and authorizes the relay.
-		HostKeyCallback: ssh.InsecureIgnoreHostKey(), //nolint:gosec // see connect
-	}
-	conn, chans, reqs, err := ssh.NewClientConn(tunnelConn{t}, "sandbox-"+name, cfg)
-	if err != nil {
-		if rerr := t.remoteErr(); rerr != nil {
-			err = rerr
-		}
-		return a.relayError(err, name)
-	}
-	client := ssh.NewClient(conn, chans, reqs)
-	defer func() { _ = client.Close() }()
+	defer closeSSH()
 	c, err := sftp.NewClient(client, sftp.UseConcurrentWrites(true), sftp.UseConcurrentReads(true))
 	if err != nil {
 		return fmt.Errorf("sandbox %q: start sftp: %w", name, err)
