@@ -35,7 +35,7 @@ lint: ## gofmt, go vet and golangci-lint
 test: build ## run every test, starting the real components they need (PostgreSQL, kube-apiserver, ...)
 	./test/run-all.sh
 
-test-k8s-node: build ## one-node Kubernetes suites (kubelet + containerd, needs root); not yet part of make test
+test-k8s-node: build ## only the one-node Kubernetes suites (kubelet + containerd, needs root; also in make test)
 	./test/k8s/node/run.sh
 
 test-unit: ## run the Go tests without starting external components

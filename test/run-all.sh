@@ -44,6 +44,10 @@ need docker start_docker || true
 # kube-apiserver, etcd, agent-sandbox controller: built on first use, cached.
 k8s_bins() { local out; out="$("$root/test/k8s/build.sh")" || return 1; eval "$out"; }
 need kubernetes k8s_bins || true
+# kubelet, kube-scheduler, kube-controller-manager, containerd (one-node suites
+# in internal/k8snode): built on first use, cached.
+k8s_node_bins() { local out; out="$("$root/test/k8s/node/build.sh")" || return 1; eval "$out"; }
+need kubernetes-node k8s_node_bins || true
 
 # Binaries for end-to-end suites.
 export OPENSHELL_TEST_BIN_DIR="$root/bin"

@@ -1,5 +1,3 @@
-//go:build k8snode
-
 package k8snode_test
 
 import (

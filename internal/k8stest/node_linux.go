@@ -123,6 +123,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
       sandbox = %q
   [plugins.'io.containerd.cri.v1.runtime']
     netns_mounts_under_state_dir = true
+    restrict_oom_score_adj = %t
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
@@ -135,7 +136,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
     stream_server_address = "127.0.0.1"
     stream_server_port = "0"
 `, filepath.Join(cd, "root"), filepath.Join(cd, "state"), n.ContainerdSocket, n.ContainerdSocket+".ttrpc",
-		filepath.Join(cd, "opt"), PauseImage, runcPath, cniBinDir, filepath.Join(dir, "cni"))
+		filepath.Join(cd, "opt"), PauseImage, restrictOOMScoreAdj(), runcPath, cniBinDir, filepath.Join(dir, "cni"))
 	if err := os.WriteFile(filepath.Join(cd, "config.toml"), []byte(config), 0o644); err != nil {
 		return err
 	}
@@ -355,8 +356,9 @@ func run(ctx context.Context, name string, args ...string) error {
 	return nil
 }
 
-// cgroups calls fn with the node's cgroup root in every v1 hierarchy (or the
-// unified one on a cgroup v2 host).
+// cgroups calls fn with the node's cgroup root in every hierarchy mounted
+// under /sys/fs/cgroup (the v1 ones and, on a hybrid host, "unified"), or in
+// the unified one on a cgroup v2 host.
 func (n *Node) cgroups(fn func(string) error) error {
 	ents, err := os.ReadDir(nodeCgroup)
 	if err != nil {
@@ -366,7 +368,9 @@ func (n *Node) cgroups(fn func(string) error) error {
 		return fn(filepath.Join(nodeCgroup, n.cgroupRoot))
 	}
 	for _, e := range ents {
-		if !e.IsDir() || e.Name() == "unified" {
+		// "unified" too: on a hybrid host the kubelet also creates its
+		// cgroups in the v2 hierarchy mounted there.
+		if !e.IsDir() {
 			continue
 		}
 		if err := fn(filepath.Join(nodeCgroup, e.Name(), n.cgroupRoot)); err != nil {
@@ -485,4 +489,35 @@ func unescapeMount(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// capSysResource is CAP_SYS_RESOURCE's bit in the capability sets.
+const capSysResource = 24
+
+// restrictOOMScoreAdj reports whether containerd must keep the pods'
+// oom_score_adj at or above its own: true when this process lacks
+// CAP_SYS_RESOURCE (some VMs and containers withhold it even from root).
+// Without that capability the kernel refuses to lower oom_score_adj, the
+// kubelet asks for -998 for every pod sandbox, and runc's nsexec dies
+// writing it ("failed to update /proc/self/oom_score_adj: Permission
+// denied"), which runc reports as "can't get final child's PID from pipe:
+// EOF".
+func restrictOOMScoreAdj() bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return true
+	}
+	eff, ok := capEff(string(b))
+	return !ok || eff&(1<<capSysResource) == 0
+}
+
+// capEff parses the CapEff line of a /proc/PID/status text.
+func capEff(status string) (uint64, bool) {
+	for _, line := range strings.Split(status, "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
 }
