@@ -320,6 +320,7 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	}
 	if verifier != nil {
 		srvOpts.JWKS = verifier.JWKS
+		srvOpts.Discovery = verifier.Discovery
 	}
 	if cfg.TLS.Enabled {
 		tc, err := pki.ServerTLSConfig(cfg.TLS.CertPath, cfg.TLS.KeyPath, cfg.TLS.ClientCAPath, cfg.TLS.RequireClientAuth)

@@ -197,8 +197,10 @@ func TestGatewayRefusesInvalidInterceptor(t *testing.T) {
 }
 
 // TestGatewayInterceptorExtensionToken: the real gateway sends a unix://
-// interceptor a gateway-minted extension token that verifies against the
-// gateway's own /.well-known/jwks.json with typ openshell-ext+jwt, the
+// interceptor a gateway-minted extension token (caller_kind gateway) that
+// a verifier knowing only the gateway's URL checks through
+// /.well-known/openid-configuration (issuer = the token's iss) and its
+// jwks_uri, with typ openshell-ext+jwt, the
 // exact configured audience and a future exp; the gateway refuses that
 // token as a credential; the token is never logged.
 func TestGatewayInterceptorExtensionToken(t *testing.T) {
@@ -229,16 +231,20 @@ func TestGatewayInterceptorExtensionToken(t *testing.T) {
 	}
 	tok := strings.TrimPrefix(line.Authorization[0], "Bearer ")
 
+	// A verifier that knows only the gateway's URL: discovery, then
+	// jwks_uri, then the token.
 	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: g.clientTLS()}}
-	resp, err := hc.Get("https://" + g.Addr + "/.well-known/jwks.json")
-	if err != nil {
-		t.Fatal(err)
+	var disc struct {
+		Issuer  string   `json:"issuer"`
+		JWKSURI string   `json:"jwks_uri"`
+		Algs    []string `json:"id_token_signing_alg_values_supported"`
 	}
-	defer resp.Body.Close()
+	getJSON(t, hc, "https://"+g.Addr+"/.well-known/openid-configuration", &disc)
+	if disc.JWKSURI != "https://"+g.Addr+"/.well-known/jwks.json" || len(disc.Algs) != 1 || disc.Algs[0] != "EdDSA" {
+		t.Fatalf("discovery = %+v, want jwks_uri https://%s/.well-known/jwks.json and algs [EdDSA]", disc, g.Addr)
+	}
 	var set jose.JSONWebKeySet
-	if err := json.NewDecoder(resp.Body).Decode(&set); err != nil {
-		t.Fatalf("jwks: %v", err)
-	}
+	getJSON(t, hc, disc.JWKSURI, &set)
 	parsed, err := jwt.ParseSigned(tok, []jose.SignatureAlgorithm{jose.EdDSA})
 	if err != nil {
 		t.Fatal(err)
@@ -252,11 +258,16 @@ func TestGatewayInterceptorExtensionToken(t *testing.T) {
 		t.Fatalf("JWKS has %d keys for kid %q", len(keys), h.KeyID)
 	}
 	var claims struct {
-		Aud any   `json:"aud"`
-		Exp int64 `json:"exp"`
+		Iss        string `json:"iss"`
+		Aud        any    `json:"aud"`
+		Exp        int64  `json:"exp"`
+		CallerKind string `json:"caller_kind"`
 	}
 	if err := parsed.Claims(keys[0].Key, &claims); err != nil {
 		t.Fatalf("signature does not verify against the gateway JWKS: %v", err)
+	}
+	if claims.Iss != disc.Issuer || claims.CallerKind != "gateway" {
+		t.Errorf("iss = %q, caller_kind = %q, want the discovered issuer %q and gateway", claims.Iss, claims.CallerKind, disc.Issuer)
 	}
 	if claims.Aud != "urn:example:e2e-guard" {
 		t.Errorf("aud = %#v, want exactly urn:example:e2e-guard", claims.Aud)
@@ -273,5 +284,21 @@ func TestGatewayInterceptorExtensionToken(t *testing.T) {
 	}
 	if strings.Contains(g.Logs(), strings.Split(tok, ".")[2]) {
 		t.Error("the extension token appears in the gateway log")
+	}
+}
+
+// getJSON GETs url with c and decodes the 200 JSON answer into v.
+func getJSON(t *testing.T, c *http.Client, url string, v any) {
+	t.Helper()
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("GET %s = %d %s, want 200 application/json", url, resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("GET %s: %v", url, err)
 	}
 }

@@ -5,7 +5,8 @@
 // limit, metrics, error conversion, access log, the OpenTelemetry server
 // span when Options.TracerProvider is set, the security event when
 // Options.SecurityEvents is set), the gRPC services and the
-// HTTP routes (/healthz, /readyz, /metrics, /.well-known/jwks.json).
+// HTTP routes (/healthz, /readyz, /metrics, /.well-known/jwks.json,
+// /.well-known/openid-configuration).
 //
 // Handlers of the OpenShell service live in this package as methods of
 // OpenShellService, one file per area (openshell.go, sandbox.go, ...);

@@ -240,6 +240,7 @@ func (f *fixture) fullOptions(tb testing.TB, allowUnauthenticated bool) Options 
 		}),
 		Authorizer: authz,
 		JWKS:       f.verifier.JWKS,
+		Discovery:  f.verifier.Discovery,
 	}
 }
 

@@ -77,6 +77,10 @@ type Options struct {
 	// JWKS returns the sandbox-token verification keys as a JSON Web Key
 	// Set; nil = /.well-known/jwks.json answers 404.
 	JWKS func() ([]byte, error)
+	// Discovery returns the OIDC-shaped discovery document for the given
+	// base URL (scheme://authority of the request); nil =
+	// /.well-known/openid-configuration answers 404.
+	Discovery func(baseURL string) ([]byte, error)
 	// HealthListener serves /health, /healthz and /readyz; optional.
 	HealthListener net.Listener
 	// MetricsListener serves /metrics; optional.
@@ -233,6 +237,7 @@ func New(opts Options) (*Server, error) {
 	s.mux.HandleFunc("GET /readyz", s.handleReadyz)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("GET /.well-known/jwks.json", s.handleJWKS)
+	s.mux.HandleFunc("GET /.well-known/openid-configuration", s.handleDiscovery)
 	s.http1 = &http.Server{Handler: http.HandlerFunc(s.httpRoot), ReadHeaderTimeout: opts.SniffTimeout, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug), ConnContext: withConnTLS}
 	// The default write scheduler (RFC 9218) announces
 	// NO_RFC7540_PRIORITIES=1, the value the listener's early SETTINGS
@@ -283,6 +288,52 @@ func (s *Server) handleJWKS(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "max-age=300")
 	_, _ = w.Write(b)
+}
+
+// handleDiscovery serves the OIDC-shaped discovery document extensions
+// use to find the JWKS. Like the JWKS it is public (no credentials are
+// checked) and names only public information. jwks_uri must be absolute:
+// without a Host (or :authority) the request is refused rather than
+// answered with a URI a verifier could resolve against the wrong origin.
+func (s *Server) handleDiscovery(w http.ResponseWriter, r *http.Request) {
+	if s.opts.Discovery == nil {
+		http.NotFound(w, r)
+		return
+	}
+	base := requestBaseURL(r)
+	if base == "" {
+		http.Error(w, "discovery needs a Host header", http.StatusBadRequest)
+		return
+	}
+	b, err := s.opts.Discovery(base)
+	if err != nil {
+		s.log.Error("openid-configuration", "error", err)
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "public, max-age=300")
+	// jwks_uri is built from these request headers.
+	w.Header().Set("Vary", "Host, X-Forwarded-Proto")
+	_, _ = w.Write(b)
+}
+
+// requestBaseURL is scheme://authority of r as the client addressed it, or
+// "". The authority is the Host header (HTTP/2's :authority). The scheme is
+// the first X-Forwarded-Proto value when it is http or https (a
+// TLS-terminating proxy in front), else that of the connection.
+func requestBaseURL(r *http.Request) string {
+	if r.Host == "" || strings.ContainsAny(r.Host, "/?#@ ") {
+		return ""
+	}
+	scheme := "http"
+	if requestTLS(r) != nil {
+		scheme = "https"
+	}
+	if xf, _, _ := strings.Cut(r.Header.Get("X-Forwarded-Proto"), ","); strings.TrimSpace(xf) == "http" || strings.TrimSpace(xf) == "https" {
+		scheme = strings.TrimSpace(xf)
+	}
+	return scheme + "://" + r.Host
 }
 
 // Serve accepts connections on ln (and on the optional listeners of

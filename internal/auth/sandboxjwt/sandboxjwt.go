@@ -311,3 +311,35 @@ func (v *Verifier) JWKS() ([]byte, error) {
 	}
 	return json.Marshal(set)
 }
+
+// JWKSPath is where the gateway serves JWKS.
+const JWKSPath = "/.well-known/jwks.json"
+
+// Discovery returns the OIDC-shaped discovery document served at
+// /.well-known/openid-configuration, with OpenShell's fields: issuer is the
+// gateway identity openshell-gateway:<gateway_id> (the iss of every token
+// this gateway mints, not the URL serving the document), jwks_uri is
+// baseURL (scheme://authority, no trailing slash) + JWKSPath, and EdDSA is
+// the only signing algorithm. It carries no key material.
+func (v *Verifier) Discovery(baseURL string) ([]byte, error) {
+	if baseURL == "" {
+		return nil, errdefs.InvalidArgument("discovery needs the gateway's base url for an absolute jwks_uri")
+	}
+	return json.Marshal(struct {
+		Issuer        string   `json:"issuer"`
+		JWKSURI       string   `json:"jwks_uri"`
+		Algs          []string `json:"id_token_signing_alg_values_supported"`
+		ResponseTypes []string `json:"response_types_supported"`
+		SubjectTypes  []string `json:"subject_types_supported"`
+		Scopes        []string `json:"scopes_supported"`
+		Claims        []string `json:"claims_supported"`
+	}{
+		Issuer:        v.audience,
+		JWKSURI:       baseURL + JWKSPath,
+		Algs:          []string{string(jose.EdDSA)},
+		ResponseTypes: []string{"id_token"},
+		SubjectTypes:  []string{"public"},
+		Scopes:        []string{"openid"},
+		Claims:        []string{"iss", "aud", "sub", "iat", "exp", "jti", "caller_kind", "sandbox_id"},
+	})
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/openshell-go/openshell/internal/auth"
@@ -215,5 +216,35 @@ func TestMintExtension(t *testing.T) {
 		if _, _, err := iss.MintExtension(tc.aud, tc.ttl); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("MintExtension(%q, %v) = %v, want InvalidArgument", tc.aud, tc.ttl, err)
 		}
+	}
+}
+
+// TestDiscovery: OpenShell's discovery fields, issuer equal to the iss of
+// the tokens, and no document without a base URL to make jwks_uri absolute.
+func TestDiscovery(t *testing.T) {
+	k := newKey(t)
+	v, _ := NewVerifier("gw", k.key())
+	b, err := v.Discovery("https://gw.example:17670")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{
+		"issuer":                                "openshell-gateway:gw",
+		"jwks_uri":                              "https://gw.example:17670/.well-known/jwks.json",
+		"id_token_signing_alg_values_supported": []any{"EdDSA"},
+		"response_types_supported":              []any{"id_token"},
+		"subject_types_supported":               []any{"public"},
+		"scopes_supported":                      []any{"openid"},
+		"claims_supported":                      []any{"iss", "aud", "sub", "iat", "exp", "jti", "caller_kind", "sandbox_id"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Discovery() (-want +got):\n%s", diff)
+	}
+	if _, err := v.Discovery(""); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("Discovery(\"\") = %v, want InvalidArgument", err)
 	}
 }
