@@ -37,12 +37,15 @@ type Node struct {
 	ContainerdSocket string
 	// Subnet is the pods' network (a /24 on a bridge of this machine).
 	Subnet string
+	// IP is the bridge's address (the first of Subnet), the node IP: pods
+	// reach this machine there, so a server the pods must reach (a gateway
+	// started by a test) listens on it.
+	IP string
 
 	bin        string
 	cgroupRoot string
 	bridge     string
 	bridgeMade bool
-	ip         string
 }
 
 // NodeBinDir returns the directory holding the node binaries (see

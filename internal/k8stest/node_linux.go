@@ -65,10 +65,10 @@ func (c *Cluster) startNode(ctx context.Context, nodeBin, kubeletToken string) e
 		Dir:        dir,
 		cgroupRoot: "/k8stest-" + hexID,
 		bridge:     "osk" + hexID,
-		ip:         fmt.Sprintf("10.%d.%d.1", 100+int(id[0])%100, id[1]),
+		IP:         fmt.Sprintf("10.%d.%d.1", 100+int(id[0])%100, id[1]),
 		bin:        nodeBin,
 	}
-	n.Subnet = strings.TrimSuffix(n.ip, ".1") + ".0/24"
+	n.Subnet = strings.TrimSuffix(n.IP, ".1") + ".0/24"
 	n.ContainerdSocket = filepath.Join(dir, "containerd", "c.sock")
 	c.Node = n
 	for _, d := range []string{"containerd", "cni", "cni-ipam", "kubelet", "pod-logs", "volume-plugins", "images"} {
@@ -83,7 +83,7 @@ func (c *Cluster) startNode(ctx context.Context, nodeBin, kubeletToken string) e
 		return err
 	}
 	n.bridgeMade = true
-	if err := run(ctx, "ip", "addr", "add", n.ip+"/24", "dev", n.bridge); err != nil {
+	if err := run(ctx, "ip", "addr", "add", n.IP+"/24", "dev", n.bridge); err != nil {
 		return err
 	}
 	if err := run(ctx, "ip", "link", "set", n.bridge, "up"); err != nil {
@@ -97,7 +97,7 @@ func (c *Cluster) startNode(ctx context.Context, nodeBin, kubeletToken string) e
     "ipam": {"type": "host-local", "ranges": [[{"subnet": %q, "gateway": %q}]], "dataDir": %q}
   }]
 }
-`, n.bridge, n.Subnet, n.ip, filepath.Join(dir, "cni-ipam"))
+`, n.bridge, n.Subnet, n.IP, filepath.Join(dir, "cni-ipam"))
 	if err := os.WriteFile(filepath.Join(dir, "cni", "10-k8stest.conflist"), []byte(cni), 0o644); err != nil {
 		return err
 	}
@@ -265,7 +265,7 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 staticPodPath: ""
-`, n.cgroupRoot, n.ip, ports[2], ports[3], n.ContainerdSocket, filepath.Join(dir, "pod-logs"), filepath.Join(dir, "volume-plugins"))
+`, n.cgroupRoot, n.IP, ports[2], ports[3], n.ContainerdSocket, filepath.Join(dir, "pod-logs"), filepath.Join(dir, "volume-plugins"))
 	if err := os.WriteFile(filepath.Join(dir, "kubelet.yaml"), []byte(kubeletConfig), 0o644); err != nil {
 		return err
 	}
@@ -297,7 +297,7 @@ staticPodPath: ""
 		"--kubeconfig=" + kubeconfig,
 		"--root-dir=" + filepath.Join(dir, "kubelet"),
 		"--hostname-override=" + n.Name,
-		"--node-ip=" + n.ip,
+		"--node-ip=" + n.IP,
 		"--v=2",
 	}, []string{path})
 	if err != nil {

@@ -1,0 +1,260 @@
+package k8snode_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/gatewaytest"
+	"github.com/openshell-go/openshell/internal/k8stest"
+)
+
+// SupervisorImage is the supervisor image built on this machine from the
+// static openshell-sandbox binary: only /openshell-sandbox, which the
+// driver's init container runs as `copy-self` into the pod.
+const SupervisorImage = "docker.io/openshell-test/openshell-sandbox:local"
+
+const sandboxSA = "openshell-sandbox"
+
+// podGateway is a gateway on the kubernetes driver whose sandboxes run as
+// real pods on the cluster's node.
+type podGateway struct {
+	*gatewaytest.Gateway
+	c  *k8stest.Cluster
+	ns string
+	// Endpoint is where the pods reach the gateway (the node's bridge).
+	Endpoint string
+}
+
+// startPodGateway starts a one-node cluster with the agent-sandbox
+// controller, imports the supervisor image, and starts a gateway on the
+// kubernetes driver that the pods reach through a TCP relay on the node's
+// bridge address (the gateway itself listens on loopback only). Its server
+// certificate names that address; the client certificate the supervisors
+// use is the Secret openshell-client-tls. extraTOML is appended to the
+// [openshell.drivers.kubernetes] table.
+func startPodGateway(t *testing.T, extraTOML string) podGateway {
+	t.Helper()
+	c := k8stest.Start(t, k8stest.Options{Node: true, Controller: true})
+	ctx := t.Context()
+	ns := c.CreateNamespace(t, "")
+	c.CreateServiceAccount(t, ns, sandboxSA)
+
+	bin := gatewaytest.BinDir(t)
+	sup, err := os.ReadFile(filepath.Join(bin, "openshell-sandbox"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Node.ImportImage(ctx, k8stest.Image{Name: SupervisorImage, Files: []k8stest.ImageFile{{Path: "openshell-sandbox", Mode: 0o755, Data: sup}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// PKI whose server certificate also names the bridge address.
+	tlsDir := gatewaytest.TempDir(t)
+	if out, err := exec.Command(filepath.Join(bin, "openshell-gateway"), "generate-certs", "--output-dir", tlsDir, "--server-san", c.Node.IP).CombinedOutput(); err != nil {
+		t.Fatalf("generate-certs: %v\n%s", err, out)
+	}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "openshell-client-tls"}, Data: map[string][]byte{}}
+	for key, file := range map[string]string{"ca.crt": "ca.crt", "tls.crt": "client/tls.crt", "tls.key": "client/tls.key"} {
+		b, err := os.ReadFile(filepath.Join(tlsDir, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		secret.Data[key] = b
+	}
+	if _, err := c.Clientset.CoreV1().Secrets(ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	port := freePort(t)
+	relay := startRelay(t, net.JoinHostPort(c.Node.IP, "0"), fmt.Sprintf("127.0.0.1:%d", port))
+	endpoint := "https://" + relay
+	cfg := fmt.Sprintf(`[openshell]
+version = 1
+
+[openshell.drivers.kubernetes]
+kubeconfig = %q
+sandbox_namespace = %q
+gateway_endpoint = %q
+default_image = %q
+supervisor_image = %q
+image_pull_policy = "Never"
+client_tls_secret_name = "openshell-client-tls"
+%s`, c.Kubeconfig, ns, endpoint, k8stest.BusyboxImage, SupervisorImage, extraTOML)
+	cfgPath := filepath.Join(gatewaytest.TempDir(t), "gateway.toml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g := gatewaytest.Start(t, gatewaytest.Options{Port: port, TLSDir: tlsDir, ExtraArgs: []string{"--drivers", "kubernetes", "--config", cfgPath, "--allow-unauthenticated-users"}})
+	return podGateway{Gateway: g, c: c, ns: ns, Endpoint: endpoint}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startRelay copies TCP connections accepted on listen to target until the
+// test ends, and returns the address it listens on.
+func startRelay(t *testing.T, listen, target string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	conns := map[net.Conn]struct{}{}
+	track := func(c net.Conn, add bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if add {
+			conns[c] = struct{}{}
+		} else {
+			delete(conns, c)
+		}
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			track(in, true)
+			track(out, true)
+			wg.Add(2)
+			pipe := func(dst, src net.Conn) {
+				defer wg.Done()
+				_, _ = io.Copy(dst, src)
+				if tc, ok := dst.(*net.TCPConn); ok {
+					_ = tc.CloseWrite()
+				}
+			}
+			go pipe(out, in)
+			go func() {
+				pipe(in, out)
+				track(in, false)
+				track(out, false)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return l.Addr().String()
+}
+
+// TestGatewaySandboxInPod: a sandbox created through the real gateway on
+// the kubernetes driver runs as a real pod: the init container copies the
+// supervisor out of the locally built supervisor image, the supervisor in
+// the agent container exchanges its projected ServiceAccount token (checked
+// by TokenReview) for a sandbox session over the pod network, the sandbox
+// turns READY, exec runs inside the container, and delete removes the
+// Sandbox CR and the pod.
+func TestGatewaySandboxInPod(t *testing.T) {
+	g := startPodGateway(t, "")
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+
+	const name = "in-pod"
+	created, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: name, Spec: &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}}})
+	if err != nil {
+		t.Fatalf("CreateSandbox: %v", err)
+	}
+	id := created.GetSandbox().GetMetadata().GetId()
+	t.Cleanup(func() { logPod(t, g.c, g.ns, name) })
+
+	gatewaytest.WaitPhase(ctx, t, c, name, openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 3*time.Minute)
+
+	pod, err := g.c.Clientset.CoreV1().Pods(g.ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Status.Phase != corev1.PodRunning || pod.Spec.NodeName != k8stest.NodeName {
+		t.Fatalf("pod phase %s on node %q, want Running on %s", pod.Status.Phase, pod.Spec.NodeName, k8stest.NodeName)
+	}
+	if !strings.Contains(g.Logs(), "sandbox bootstrapped from a K8s ServiceAccount token") {
+		t.Errorf("gateway log lacks the bootstrap success line")
+	}
+
+	// Exec runs in the pod: its hostname is the pod's name, and the
+	// supervisor's binary is the one the init container copied.
+	stdout, stderr, code, err := gatewaytest.Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"sh", "-c", "hostname; test -x /opt/openshell/bin/openshell-sandbox && echo supervisor-present"}})
+	if err != nil || code != 0 {
+		t.Fatalf("Exec = %q, %q, %d, %v", stdout, stderr, code, err)
+	}
+	if got := strings.Fields(stdout); len(got) != 2 || got[0] != name || got[1] != "supervisor-present" {
+		t.Errorf("Exec stdout = %q, want the pod's hostname %q and supervisor-present", stdout, name)
+	}
+
+	if _, err := c.DeleteSandbox(ctx, &openshellv1.DeleteSandboxRequest{Name: name}); err != nil {
+		t.Fatalf("DeleteSandbox: %v", err)
+	}
+	eventually(t, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		_, err := g.c.Dynamic.Resource(k8stest.SandboxGVR).Namespace(g.ns).Get(ctx, name, metav1.GetOptions{})
+		if !apierrors.IsNotFound(err) {
+			return false, err
+		}
+		_, err = g.c.Clientset.CoreV1().Pods(g.ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return false, err
+	}, "the Sandbox CR and its pod to be gone")
+}
+
+// logPod logs the pod's status and its containers' logs when t failed.
+func logPod(t *testing.T, c *k8stest.Cluster, ns, name string) {
+	if !t.Failed() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pod, err := c.Clientset.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Logf("pod %s/%s: %v", ns, name, err)
+		return
+	}
+	t.Logf("pod %s/%s status: %+v", ns, name, pod.Status)
+	for _, ct := range append(append([]corev1.Container(nil), pod.Spec.InitContainers...), pod.Spec.Containers...) {
+		b, err := c.Clientset.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Container: ct.Name}).DoRaw(ctx)
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			t.Logf("logs of %s: %v", ct.Name, err)
+			continue
+		}
+		t.Logf("logs of %s:\n%s", ct.Name, b)
+	}
+}
