@@ -17,6 +17,7 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -24,6 +25,7 @@ import (
 
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
 	gipb "github.com/openshell-go/openshell/api/openshell/gateway_interceptor/v1"
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 )
 
@@ -300,5 +302,61 @@ func getJSON(t *testing.T, c *http.Client, url string, v any) {
 	}
 	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
 		t.Fatalf("GET %s: %v", url, err)
+	}
+}
+
+// TestGatewayInterceptorSeesSupervisorCaller: the principal map of an
+// Evaluate tells who called the intercepted RPC, with OpenShell's keys. A
+// real supervisor, authenticated with its gateway-minted sandbox JWT,
+// submits a denial through SubmitPolicyAnalysis (interceptable): the
+// interceptor sees kind sandbox, the sandbox's id and source
+// bootstrap_jwt. The user's CreateSandbox (mTLS client certificate) is
+// seen as kind user with provider mtls. The token the interceptor gets is
+// the gateway's own (caller_kind gateway) in both cases, as in OpenShell.
+func TestGatewayInterceptorSeesSupervisorCaller(t *testing.T) {
+	curl, port, _ := egressUpstream(t)
+	validate := gipb.GatewayInterceptorPhase_GATEWAY_INTERCEPTOR_PHASE_VALIDATE
+	url, rec := runInterceptor(t, &gipb.InterceptorManifest{Name: "who", Bindings: []*gipb.InterceptorBinding{
+		{Id: "create", Selector: &gipb.InterceptorSelector{Rpc: "openshell.v1.OpenShell/CreateSandbox"}, Phases: []gipb.GatewayInterceptorPhase{validate}},
+		{Id: "analysis", Selector: &gipb.InterceptorSelector{Rpc: "openshell.v1.OpenShell/SubmitPolicyAnalysis"}, Phases: []gipb.GatewayInterceptorPhase{validate}},
+	}}, "allow", "[]")
+	g := Start(t, Options{
+		ExtraArgs: []string{"--config", interceptorConfig(t, "who", url)},
+		Env:       []string{"OPENSHELL_EGRESS_TEST_HOSTS=denied.who.test=127.0.0.1"},
+	})
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	pol := egressPolicy(map[string]*sandboxv1.NetworkPolicyRule{
+		"unrelated": {Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "unrelated.test", Port: 443}}, Binaries: []*sandboxv1.NetworkBinary{{Path: curl}}},
+	})
+	id := createEgressSandbox(ctx, t, c, "who", &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}, Policy: pol, Environment: fastAdvisor})
+	waitEgressLoaded(ctx, t, c, "who", "")
+	out, errOut, _, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{curl, "-s", "-o", "/dev/null", "-w", "%{http_code}", "http://denied.who.test:" + port + "/"}})
+	if err != nil || strings.TrimSpace(out) != "403" {
+		t.Fatalf("curl of a denied host = %q, %v (stderr %q), want 403", out, err, errOut)
+	}
+
+	byMethod := map[string]*gipb.InterceptorEvaluation{}
+	deadline := time.Now().Add(30 * time.Second)
+	for byMethod["SubmitPolicyAnalysis"] == nil && time.Now().Before(deadline) {
+		for _, ev := range recorded(t, rec) {
+			byMethod[ev.GetMethod()] = ev
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	sub := byMethod["SubmitPolicyAnalysis"]
+	if sub == nil {
+		t.Fatalf("the interceptor saw no SubmitPolicyAnalysis within 30s (saw %v)", byMethod)
+	}
+	if diff := cmp.Diff(map[string]string{"kind": "sandbox", "sandbox_id": id, "source": "bootstrap_jwt"}, sub.GetPrincipal()); diff != "" {
+		t.Errorf("SubmitPolicyAnalysis principal (-want +got):\n%s", diff)
+	}
+	if got := sub.GetValidate().GetProposedOperation().GetFields()["name"].GetStringValue(); got != "who" && got != id {
+		t.Errorf("SubmitPolicyAnalysis operation names sandbox %q, want who", got)
+	}
+	create := byMethod["CreateSandbox"].GetPrincipal()
+	if create["kind"] != "user" || create["provider"] != "mtls" || create["subject"] == "" || create["sandbox_id"] != "" {
+		t.Errorf("CreateSandbox principal = %v, want kind user, provider mtls, a subject, no sandbox_id", create)
 	}
 }

@@ -207,19 +207,32 @@ func toStruct(js []byte) (*structpb.Struct, error) {
 	return structpb.NewStruct(m)
 }
 
-// principalMap is the non-secret summary of the caller.
+// principalMap is the non-secret summary of the caller, with OpenShell's
+// keys and values: kind "user" (subject, display_name, provider, roles,
+// scopes) or "sandbox" (sandbox_id, source: how the supervisor
+// authenticated, bootstrap_jwt or k8s_service_account), "unknown" when no
+// principal is known. Lists are joined with commas; empty values are left
+// out.
 func principalMap(ctx context.Context) map[string]string {
 	p, ok := auth.FromContext(ctx)
-	if !ok || p == nil {
-		return map[string]string{"kind": "anonymous"}
+	if !ok {
+		return map[string]string{"kind": "unknown"}
+	}
+	if p.IsSandbox() {
+		src := string(p.Source)
+		if p.Source == auth.SourceSandboxJWT {
+			src = "bootstrap_jwt" // OpenShell's name for a gateway-minted sandbox JWT
+		}
+		return map[string]string{"kind": "sandbox", "sandbox_id": p.SandboxID, "source": src}
 	}
 	m := map[string]string{"kind": "user", "subject": p.Subject}
-	if p.IsSandbox() {
-		m["kind"] = "sandbox"
-		m["sandbox_id"] = p.SandboxID
-	}
-	if len(p.Roles) > 0 {
-		m["roles"] = strings.Join(p.Roles, ",")
+	for k, v := range map[string]string{
+		"display_name": p.DisplayName, "provider": string(p.Source),
+		"roles": strings.Join(p.Roles, ","), "scopes": strings.Join(p.Scopes, ","),
+	} {
+		if v != "" {
+			m[k] = v
+		}
 	}
 	return m
 }
