@@ -258,3 +258,94 @@ func logPod(t *testing.T, c *k8stest.Cluster, ns, name string) {
 		t.Logf("logs of %s:\n%s", ct.Name, b)
 	}
 }
+
+// TestGatewaySandboxStopStartKeepsWorkspace: with workspace_pvc the pod's
+// /sandbox is a PersistentVolumeClaim from the Sandbox's
+// volumeClaimTemplates. Stop deletes the pod, start runs a new pod (new
+// UID, new token exchange) that sees what the first one wrote; delete
+// removes the CR, the pod and the claim (garbage collection).
+func TestGatewaySandboxStopStartKeepsWorkspace(t *testing.T) {
+	g := startPodGateway(t, `[openshell.drivers.kubernetes.workspace_pvc]
+size = "1Gi"
+`)
+	g.c.HostPathVolume(t, "ws-"+g.ns, "1Gi")
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
+	defer cancel()
+
+	const name = "keeps-ws"
+	created, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: name, Spec: &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}}})
+	if err != nil {
+		t.Fatalf("CreateSandbox: %v", err)
+	}
+	id := created.GetSandbox().GetMetadata().GetId()
+	t.Cleanup(func() { logPod(t, g.c, g.ns, name) })
+	gatewaytest.WaitPhase(ctx, t, c, name, openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 3*time.Minute)
+	pod1, err := g.c.Clientset.CoreV1().Pods(g.ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claim string
+	for _, v := range pod1.Spec.Volumes {
+		if v.PersistentVolumeClaim != nil {
+			claim = v.PersistentVolumeClaim.ClaimName
+		}
+	}
+	if claim == "" {
+		t.Fatalf("pod %s mounts no claim: %+v", name, pod1.Spec.Volumes)
+	}
+
+	sh := func(what, script string) string {
+		t.Helper()
+		stdout, stderr, code, err := gatewaytest.Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"sh", "-c", script}})
+		if err != nil || code != 0 {
+			t.Fatalf("Exec %s = %q, %q, %d, %v", what, stdout, stderr, code, err)
+		}
+		return strings.TrimSpace(stdout)
+	}
+	sh("write", "echo kept-across-restart > /sandbox/data")
+
+	if _, err := c.StopSandbox(ctx, &openshellv1.StopSandboxRequest{Name: name}); err != nil {
+		t.Fatalf("StopSandbox: %v", err)
+	}
+	gatewaytest.WaitPhase(ctx, t, c, name, openshellv1.SandboxPhase_SANDBOX_PHASE_STOPPED, 2*time.Minute)
+	eventually(t, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		_, err := g.c.Clientset.CoreV1().Pods(g.ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return false, err
+	}, "the stopped sandbox's pod to be gone")
+
+	if _, err := c.StartSandbox(ctx, &openshellv1.StartSandboxRequest{Name: name}); err != nil {
+		t.Fatalf("StartSandbox: %v", err)
+	}
+	gatewaytest.WaitPhase(ctx, t, c, name, openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 3*time.Minute)
+	pod2, err := g.c.Clientset.CoreV1().Pods(g.ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod2.UID == pod1.UID || pod2.Status.Phase != corev1.PodRunning {
+		t.Fatalf("after start: pod UID %s phase %s, want a new Running pod (old UID %s)", pod2.UID, pod2.Status.Phase, pod1.UID)
+	}
+	if got := sh("read", "cat /sandbox/data"); got != "kept-across-restart" {
+		t.Errorf("/sandbox/data after stop/start = %q, want kept-across-restart", got)
+	}
+
+	if _, err := c.DeleteSandbox(ctx, &openshellv1.DeleteSandboxRequest{Name: name}); err != nil {
+		t.Fatalf("DeleteSandbox: %v", err)
+	}
+	eventually(t, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		if _, err := g.c.Dynamic.Resource(k8stest.SandboxGVR).Namespace(g.ns).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return false, err
+		}
+		if _, err := g.c.Clientset.CoreV1().Pods(g.ns).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return false, err
+		}
+		_, err := g.c.Clientset.CoreV1().PersistentVolumeClaims(g.ns).Get(ctx, claim, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return false, err
+	}, "the Sandbox CR, its pod and its claim to be gone")
+}

@@ -4,6 +4,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // EnvNodeBinDir names the environment variable holding the directory built
@@ -61,4 +66,39 @@ func NodeBinDir() (string, error) {
 		}
 	}
 	return dir, nil
+}
+
+// HostPathVolume creates a PersistentVolume of the given size (a quantity,
+// "1Gi") backed by a directory under the node's state and returns the
+// directory. The cluster has no dynamic provisioner: a claim without a
+// storage class binds to such a volume (kube-controller-manager's
+// persistentvolume-binder). The volume is retained when its claim goes and
+// its directory goes with the cluster.
+func (c *Cluster) HostPathVolume(t testing.TB, name, size string) string {
+	t.Helper()
+	if c.Node == nil {
+		t.Fatal("k8stest: HostPathVolume needs a cluster started with Options.Node")
+	}
+	q, err := resource.ParseQuantity(size)
+	if err != nil {
+		t.Fatalf("k8stest: volume size %q: %v", size, err)
+	}
+	dir := filepath.Join(c.Node.Dir, "volumes", name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	typ := corev1.HostPathDirectory
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: q},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir, Type: &typ}},
+		},
+	}
+	if _, err := c.Clientset.CoreV1().PersistentVolumes().Create(t.Context(), pv, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("k8stest: create persistentvolume %s: %v", name, err)
+	}
+	return dir
 }

@@ -184,7 +184,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 		"--root-ca-file=" + c.CAFile,
 		"--service-account-private-key-file=" + filepath.Join(c.Dir, "sa.key"),
 		"--use-service-account-credentials=false",
-		"--controllers=*,-nodeipam,-persistentvolume-binder,-attachdetach",
+		"--controllers=*,-nodeipam,-attachdetach",
 		"--profiling=false",
 	}, nil)
 	if err != nil {
