@@ -3,6 +3,11 @@
 // one) and IssueSandboxToken (a platform bootstrap identity, such as a
 // Kubernetes ServiceAccount token, for the first JWT). Both mint only for
 // the calling sandbox principal, and only while its sandbox exists.
+//
+// RefreshSandboxToken also mints the extension credentials a supervisor
+// asks for by name (extension_service_names): one token per supervisor
+// middleware service its sandbox's effective policy selects, with
+// caller_kind supervisor (see extension.go).
 package identity
 
 import (
@@ -30,21 +35,38 @@ type SandboxChecker interface {
 type Options struct {
 	Sandboxes SandboxChecker
 	Minter    TokenMinter // nil: both RPCs answer Unavailable
+	// ExtensionServices resolves the supervisor middleware services a
+	// sandbox's effective policy selects; nil = none for every sandbox, so
+	// every requested extension credential is refused.
+	ExtensionServices ExtensionServices
 }
 
 // Service implements the identity RPCs. It is safe for concurrent use.
-type Service struct{ o Options }
+type Service struct {
+	o       Options
+	limiter *mintLimiter
+}
 
 // New returns a Service.
-func New(o Options) *Service { return &Service{o: o} }
+func New(o Options) *Service {
+	return &Service{o: o, limiter: newMintLimiter(mintWindow, mintsPerWindow, time.Now)}
+}
 
-// RefreshSandboxToken mints a fresh JWT for the calling sandbox.
-func (s *Service) RefreshSandboxToken(ctx context.Context, _ *openshellv1.RefreshSandboxTokenRequest) (*openshellv1.RefreshSandboxTokenResponse, error) {
+// RefreshSandboxToken mints a fresh JWT for the calling sandbox, and the
+// extension credentials it names.
+func (s *Service) RefreshSandboxToken(ctx context.Context, req *openshellv1.RefreshSandboxTokenRequest) (*openshellv1.RefreshSandboxTokenResponse, error) {
 	tok, expMs, err := s.mintFor(ctx, auth.SourceSandboxJWT, "only a sandbox JWT can be refreshed")
 	if err != nil {
 		return nil, err
 	}
-	return &openshellv1.RefreshSandboxTokenResponse{Token: tok, ExpiresAtMs: expMs}, nil
+	resp := &openshellv1.RefreshSandboxTokenResponse{Token: tok, ExpiresAtMs: expMs}
+	if names := req.GetExtensionServiceNames(); len(names) > 0 {
+		p, _ := auth.FromContext(ctx) // mintFor checked it is a sandbox
+		if resp.ExtensionCredentials, err = s.extensionCredentials(ctx, p.SandboxID, names); err != nil {
+			return nil, err
+		}
+	}
+	return resp, nil
 }
 
 // IssueSandboxToken exchanges a Kubernetes ServiceAccount token for a

@@ -4,8 +4,9 @@
 // openshell-gateway:<gateway_id>. An exp of 0 means the token never
 // expires. Several verification keys can be active at once (rotation),
 // selected by the kid header. The same key signs the extension tokens the
-// gateway sends to interceptors (MintExtension, typ openshell-ext+jwt),
-// which the Verifier refuses.
+// gateway sends to interceptors (MintExtension, caller_kind gateway) and
+// mints for supervisors (MintSupervisorExtension, caller_kind supervisor),
+// typ openshell-ext+jwt, which the Verifier refuses.
 package sandboxjwt
 
 import (
@@ -129,8 +130,16 @@ func (i *Issuer) Mint(sandboxID string) (token string, expiresAt time.Time, err 
 // (OpenShell's MAX_EXTENSION_TOKEN_TTL).
 const MaxExtensionTTL = time.Hour
 
-// ExtensionClaims are the claims of an extension token the gateway mints
-// for its own calls to an extension (caller_kind "gateway").
+// Caller kinds of extension tokens (OpenShell's ExtensionCallerKind).
+const (
+	// CallerGateway: the gateway calls the extension (interceptors).
+	CallerGateway = "gateway"
+	// CallerSupervisor: a sandbox's supervisor calls the extension, with a
+	// credential the gateway minted for it in RefreshSandboxToken.
+	CallerSupervisor = "supervisor"
+)
+
+// ExtensionClaims are the claims of an extension token.
 type ExtensionClaims struct {
 	Issuer     string `json:"iss"`
 	Audience   string `json:"aud"`
@@ -139,13 +148,31 @@ type ExtensionClaims struct {
 	Expiry     int64  `json:"exp"`
 	ID         string `json:"jti"`
 	CallerKind string `json:"caller_kind"`
+	// SandboxID is set for caller_kind supervisor only.
+	SandboxID string `json:"sandbox_id,omitempty"`
 }
 
-// MintExtension returns an extension token for the exact audience, valid
-// for ttl (1s to MaxExtensionTTL), and its expiry. The header carries
-// typ openshell-ext+jwt, so the gateway's own Verifier refuses it; iss and
-// sub are openshell-gateway:<gateway_id>, caller_kind is "gateway".
+// MintExtension returns an extension token for the gateway's own calls to
+// the exact audience, valid for ttl (1s to MaxExtensionTTL), and its
+// expiry. The header carries typ openshell-ext+jwt, so the gateway's own
+// Verifier refuses it; iss and sub are openshell-gateway:<gateway_id>,
+// caller_kind is "gateway" and there is no sandbox_id.
 func (i *Issuer) MintExtension(audience string, ttl time.Duration) (token string, expiresAt time.Time, err error) {
+	return i.mintExtension(audience, CallerGateway, "", ttl)
+}
+
+// MintSupervisorExtension returns an extension token the supervisor of
+// sandboxID presents to the extension of the exact audience: as
+// MintExtension, but caller_kind "supervisor", sub
+// spiffe://openshell/sandbox/<id> and a sandbox_id claim.
+func (i *Issuer) MintSupervisorExtension(audience, sandboxID string, ttl time.Duration) (token string, expiresAt time.Time, err error) {
+	if strings.TrimSpace(sandboxID) == "" {
+		return "", time.Time{}, errdefs.InvalidArgument("supervisor extension tokens require a sandbox ID")
+	}
+	return i.mintExtension(audience, CallerSupervisor, sandboxID, ttl)
+}
+
+func (i *Issuer) mintExtension(audience, kind, sandboxID string, ttl time.Duration) (token string, expiresAt time.Time, err error) {
 	if audience == "" || audience == Audience(i.gatewayID) {
 		return "", time.Time{}, errdefs.InvalidArgument("extension audience must be set and differ from the gateway sandbox audience")
 	}
@@ -160,7 +187,10 @@ func (i *Issuer) MintExtension(audience string, ttl time.Duration) (token string
 	expiresAt = now.Add(ttl)
 	c := ExtensionClaims{
 		Issuer: Audience(i.gatewayID), Audience: audience, Subject: Audience(i.gatewayID),
-		IssuedAt: now.Unix(), Expiry: expiresAt.Unix(), ID: hex.EncodeToString(jti[:]), CallerKind: "gateway",
+		IssuedAt: now.Unix(), Expiry: expiresAt.Unix(), ID: hex.EncodeToString(jti[:]), CallerKind: kind,
+	}
+	if kind == CallerSupervisor {
+		c.Subject, c.SandboxID = SubjectPrefix+sandboxID, sandboxID
 	}
 	token, err = jwt.Signed(i.extSigner).Claims(c).Serialize()
 	if err != nil {

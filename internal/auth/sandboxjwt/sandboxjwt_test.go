@@ -219,6 +219,65 @@ func TestMintExtension(t *testing.T) {
 	}
 }
 
+// TestMintSupervisorExtension: a supervisor's extension token has
+// OpenShell's claims (caller_kind supervisor, sub the sandbox's SPIFFE id,
+// sandbox_id), verifies with the JWKS key, is refused by the gateway, and
+// needs a sandbox id; a gateway token has caller_kind gateway and no
+// sandbox_id.
+func TestMintSupervisorExtension(t *testing.T) {
+	k := newKey(t)
+	iss, _ := NewIssuer(k.priv, k.kid, "gw", 0)
+	v, _ := NewVerifier("gw", k.key())
+	claimsOf := func(tok string) map[string]any {
+		t.Helper()
+		parsed, err := jwt.ParseSigned(tok, []jose.SignatureAlgorithm{jose.EdDSA})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var c map[string]any
+		if err := parsed.Claims(k.priv.Public(), &c); err != nil {
+			t.Fatalf("token does not verify with the gateway key: %v", err)
+		}
+		for _, drop := range []string{"iat", "exp", "jti"} {
+			if _, ok := c[drop]; !ok {
+				t.Errorf("claim %s missing", drop)
+			}
+			delete(c, drop)
+		}
+		return c
+	}
+	tok, _, err := iss.MintSupervisorExtension("urn:openshell:extension:middleware:scan", "sb-1", 15*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"iss": "openshell-gateway:gw", "aud": "urn:openshell:extension:middleware:scan", "sub": "spiffe://openshell/sandbox/sb-1", "caller_kind": "supervisor", "sandbox_id": "sb-1"}
+	if diff := cmp.Diff(want, claimsOf(tok)); diff != "" {
+		t.Errorf("supervisor extension claims (-want +got):\n%s", diff)
+	}
+	if h, _ := parseHeader(tok); h.Typ != ExtensionTokenType {
+		t.Errorf("typ = %q, want %s", h.Typ, ExtensionTokenType)
+	}
+	if p, err := v.Authenticate(t.Context(), req(tok)); p != nil || !errors.Is(err, errdefs.ErrUnauthenticated) {
+		t.Errorf("Authenticate(supervisor extension token) = %v, %v, want Unauthenticated", p, err)
+	}
+	gw, _, err := iss.MintExtension("urn:openshell:extension:interceptor:x", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = map[string]any{"iss": "openshell-gateway:gw", "aud": "urn:openshell:extension:interceptor:x", "sub": "openshell-gateway:gw", "caller_kind": "gateway"}
+	if diff := cmp.Diff(want, claimsOf(gw)); diff != "" {
+		t.Errorf("gateway extension claims (-want +got):\n%s", diff)
+	}
+	for _, id := range []string{"", "  "} {
+		if _, _, err := iss.MintSupervisorExtension("urn:x", id, time.Minute); !errors.Is(err, errdefs.ErrInvalidArgument) || err.Error() != "supervisor extension tokens require a sandbox ID" {
+			t.Errorf("MintSupervisorExtension(sandbox %q) = %v, want InvalidArgument", id, err)
+		}
+	}
+	if _, _, err := iss.MintSupervisorExtension(Audience("gw"), "sb-1", time.Minute); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("MintSupervisorExtension(gateway audience) = %v, want InvalidArgument", err)
+	}
+}
+
 // TestDiscovery: OpenShell's discovery fields, issuer equal to the iss of
 // the tokens, and no document without a base URL to make jwks_uri absolute.
 func TestDiscovery(t *testing.T) {
