@@ -39,6 +39,7 @@ import (
 	domainproviders "github.com/openshell-go/openshell/internal/providers"
 	"github.com/openshell-go/openshell/internal/relay"
 	"github.com/openshell-go/openshell/internal/sandboxlog"
+	"github.com/openshell-go/openshell/internal/securityevent"
 	"github.com/openshell-go/openshell/internal/store"
 )
 
@@ -70,8 +71,11 @@ type Options struct {
 	// ServiceURLs are the domains, scheme and port of service URLs
 	// (ExposeService and the service router).
 	ServiceURLs services.URLs
-	Logger      *slog.Logger
-	Now         func() time.Time
+	// SecurityEvents records the decisions supervisors push
+	// (PushSandboxLogs) as security events; nil discards them.
+	SecurityEvents securityevent.Emitter
+	Logger         *slog.Logger
+	Now            func() time.Time
 }
 
 // Aliases give each embedded domain its own field name.
@@ -147,7 +151,7 @@ func New(o Options) *Service {
 	svcs := services.New(services.Options{
 		Sandboxes: o.Engine, Store: o.Store, Authz: az, Relay: o.Relay, URLs: o.ServiceURLs, Now: o.Now,
 	})
-	lg := logs.New(logs.Options{Engine: o.Engine, Logs: o.Logs, Authz: az, Now: o.Now})
+	lg := logs.New(logs.Options{Engine: o.Engine, Logs: o.Logs, Authz: az, SecurityEvents: o.SecurityEvents, Now: o.Now})
 	return &Service{
 		sandboxesAPI: sandboxes.New(sandboxes.Options{
 			Engine: o.Engine, Authz: az, GatewayLog: gatewayLog,

@@ -264,7 +264,7 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 		ServiceURLs: svcURLs,
 		Engine:      engine, Relay: relays, Logs: sandboxLogs, Store: st, Minter: apiMinter, Providers: provs,
 		SSHSessionTTL: cfg.SSHSessionTTL, GatewayHost: host, GatewayPort: port, GatewayScheme: scheme, Logger: logger,
-		OIDC: cfg.OIDC.Enabled(), AdminRole: cfg.OIDC.AdminRole,
+		OIDC: cfg.OIDC.Enabled(), AdminRole: cfg.OIDC.AdminRole, SecurityEvents: secEvents,
 	})
 
 	// Drivers whose sandboxes bootstrap from a platform identity (the

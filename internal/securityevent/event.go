@@ -20,9 +20,9 @@ type Class int
 // The classes the gateway emits.
 const (
 	ProcessActivity   Class = 1007 // sandbox create, delete, adopt, stop, start; exec
-	DetectionFinding  Class = 2004 // rate limit exceeded
-	NetworkActivity   Class = 4001 // TCP forwards to a sandbox port
-	HTTPActivity      Class = 4002 // authentication failures, authorization denials, token issuance
+	DetectionFinding  Class = 2004 // rate limit exceeded; SSRF blocks and credential endpoint mismatches in a sandbox
+	NetworkActivity   Class = 4001 // TCP forwards to a sandbox port; a sandbox's CONNECT tunnels
+	HTTPActivity      Class = 4002 // authentication failures, authorization denials, token issuance; a sandbox's forward HTTP requests
 	SSHActivity       Class = 4007 // SSH sessions (ForwardTcp to the sandbox's SSH server)
 	ConfigStateChange Class = 5019 // policy, settings, providers, workspaces and members
 )
@@ -68,11 +68,14 @@ func ActivityOther(name string) Activity { return Activity{99, name} }
 // Outcome is what became of the action.
 type Outcome string
 
-// Outcomes. Denied covers Unauthenticated and PermissionDenied.
+// Outcomes. Denied covers Unauthenticated and PermissionDenied, and a
+// sandbox egress denial; Audited is a sandbox REST request that broke a
+// rule in audit mode: logged and let through.
 const (
 	Success Outcome = "success"
 	Failure Outcome = "failure"
 	Denied  Outcome = "denied"
+	Audited Outcome = "audited"
 )
 
 // Event is one security event before serialization. Fields holds extra
@@ -98,6 +101,29 @@ type Event struct {
 	Workspace    string
 	Fields       map[string]string
 	Time         time.Time
+
+	// The fields below describe what a sandbox's supervisor observed
+	// (egress decisions, see FromSandboxLog); the gateway's own events
+	// leave them unset.
+
+	// Product names the component that observed the event; "" is the
+	// gateway.
+	Product string
+	// Process is the acting process (OCSF actor.process).
+	Process *Process
+	// Dst is the destination (OCSF dst_endpoint).
+	Dst *Endpoint
+	// Rule is the policy rule that decided (OCSF firewall_rule).
+	Rule *FirewallRule
+	// HTTP is the request of HTTP Activity: method and path, never the
+	// query, headers or body.
+	HTTP *HTTPRequest
+	// HTTPStatus is the response code when one is known (0: none).
+	HTTPStatus int
+	// Finding describes a Detection Finding.
+	Finding *FindingInfo
+	// StatusDetail is the reason for the outcome.
+	StatusDetail string
 }
 
 // Emitter records security events. Emit never blocks on the caller's
@@ -115,28 +141,38 @@ func (discard) Emit(context.Context, Event) {}
 
 // Record is the JSON form of an event (one line in the sink).
 type Record struct {
-	Time         int64             `json:"time"`
-	ClassUID     int               `json:"class_uid"`
-	ClassName    string            `json:"class_name"`
-	CategoryUID  int               `json:"category_uid"`
-	CategoryName string            `json:"category_name"`
-	ActivityID   int               `json:"activity_id"`
-	ActivityName string            `json:"activity_name"`
-	TypeUID      int               `json:"type_uid"`
-	TypeName     string            `json:"type_name"`
-	SeverityID   int               `json:"severity_id"`
-	Severity     string            `json:"severity"`
-	StatusID     int               `json:"status_id"`
-	Status       string            `json:"status"`
-	StatusCode   string            `json:"status_code,omitempty"`
-	ActionID     int               `json:"action_id"`
-	Action       string            `json:"action"`
-	Message      string            `json:"message"`
-	Metadata     Metadata          `json:"metadata"`
-	Actor        *Actor            `json:"actor,omitempty"`
-	SrcEndpoint  *Endpoint         `json:"src_endpoint,omitempty"`
-	API          *API              `json:"api,omitempty"`
-	Unmapped     map[string]string `json:"unmapped,omitempty"`
+	Time         int64  `json:"time"`
+	ClassUID     int    `json:"class_uid"`
+	ClassName    string `json:"class_name"`
+	CategoryUID  int    `json:"category_uid"`
+	CategoryName string `json:"category_name"`
+	ActivityID   int    `json:"activity_id"`
+	ActivityName string `json:"activity_name"`
+	TypeUID      int    `json:"type_uid"`
+	TypeName     string `json:"type_name"`
+	SeverityID   int    `json:"severity_id"`
+	Severity     string `json:"severity"`
+	StatusID     int    `json:"status_id"`
+	Status       string `json:"status"`
+	StatusCode   string `json:"status_code,omitempty"`
+	StatusDetail string `json:"status_detail,omitempty"`
+	ActionID     int    `json:"action_id"`
+	Action       string `json:"action"`
+	// DispositionID and Disposition (OCSF security control profile):
+	// Allowed (1), Blocked (2) or Logged (17); absent for a failure.
+	DispositionID int               `json:"disposition_id,omitempty"`
+	Disposition   string            `json:"disposition,omitempty"`
+	Message       string            `json:"message"`
+	Metadata      Metadata          `json:"metadata"`
+	Actor         *Actor            `json:"actor,omitempty"`
+	SrcEndpoint   *Endpoint         `json:"src_endpoint,omitempty"`
+	DstEndpoint   *Endpoint         `json:"dst_endpoint,omitempty"`
+	FirewallRule  *FirewallRule     `json:"firewall_rule,omitempty"`
+	HTTPRequest   *HTTPRequest      `json:"http_request,omitempty"`
+	HTTPResponse  *HTTPResponse     `json:"http_response,omitempty"`
+	FindingInfo   *FindingInfo      `json:"finding_info,omitempty"`
+	API           *API              `json:"api,omitempty"`
+	Unmapped      map[string]string `json:"unmapped,omitempty"`
 }
 
 // Metadata is OCSF metadata: event uid and the request id as correlation uid.
@@ -154,9 +190,17 @@ type Product struct {
 	Version    string `json:"version,omitempty"`
 }
 
-// Actor is the authenticated principal.
+// Actor is the authenticated principal (user) or, for what a sandbox
+// observed, the process that acted.
 type Actor struct {
-	User User `json:"user"`
+	User    *User    `json:"user,omitempty"`
+	Process *Process `json:"process,omitempty"`
+}
+
+// Process is an OCSF process: the executable's path and the pid.
+type Process struct {
+	Name string `json:"name"`
+	PID  int    `json:"pid,omitempty"`
 }
 
 // User is an OCSF user: uid is the principal subject, type its kind.
@@ -165,9 +209,46 @@ type User struct {
 	Type string `json:"type,omitempty"`
 }
 
-// Endpoint is the caller's address.
+// Endpoint is a network endpoint: the caller's address (src_endpoint),
+// or a destination's host name, address and port (dst_endpoint).
 type Endpoint struct {
-	IP string `json:"ip"`
+	Hostname string `json:"hostname,omitempty"`
+	IP       string `json:"ip,omitempty"`
+	Port     int    `json:"port,omitempty"`
+}
+
+// FirewallRule is the policy rule that decided: the network policy rule's
+// name and its type ("l4": host, port and binary; "l7": a REST rule;
+// "inference": the inference router).
+type FirewallRule struct {
+	Name string `json:"name,omitempty"`
+	Type string `json:"type"`
+}
+
+// HTTPRequest is an OCSF HTTP request: method and URL without a query.
+type HTTPRequest struct {
+	Method string `json:"http_method,omitempty"`
+	URL    *URL   `json:"url,omitempty"`
+}
+
+// URL is an OCSF URL; it never carries a query string.
+type URL struct {
+	Hostname string `json:"hostname,omitempty"`
+	Path     string `json:"path,omitempty"`
+	Port     int    `json:"port,omitempty"`
+}
+
+// HTTPResponse is an OCSF HTTP response: the status code.
+type HTTPResponse struct {
+	Code int `json:"code"`
+}
+
+// FindingInfo is an OCSF finding: a stable identifier of the kind of
+// detection, a title and a description.
+type FindingInfo struct {
+	UID   string `json:"uid"`
+	Title string `json:"title"`
+	Desc  string `json:"desc,omitempty"`
 }
 
 // API names the RPC.
@@ -255,39 +336,64 @@ func (l *Log) Emit(_ context.Context, ev Event) {
 	}
 }
 
-// Severity, status and action ids of an outcome.
-func outcomeIDs(o Outcome, c Class) (sevID int, sev string, statusID int, status string, actionID int, action string) {
+// outcomeIDs are the OCSF ids and names an outcome maps to.
+type outcomeIDs struct {
+	sevID, statusID, actionID, dispID int
+	sev, status, action, disp         string
+}
+
+// idsOf returns the severity, status, action and disposition of an
+// outcome in class c.
+func idsOf(o Outcome, c Class) outcomeIDs {
+	var ids outcomeIDs
 	switch o {
 	case Success:
-		sevID, sev, statusID, status, actionID, action = 1, "Informational", 1, "Success", 1, "Allowed"
+		ids = outcomeIDs{1, 1, 1, 1, "Informational", "Success", "Allowed", "Allowed"}
 	case Denied:
-		sevID, sev, statusID, status, actionID, action = 3, "Medium", 2, "Failure", 2, "Denied"
+		ids = outcomeIDs{3, 2, 2, 2, "Medium", "Failure", "Denied", "Blocked"}
+	case Audited:
+		ids = outcomeIDs{1, 1, 1, 17, "Informational", "Success", "Allowed", "Logged"}
 	default:
-		sevID, sev, statusID, status, actionID, action = 2, "Low", 2, "Failure", 1, "Allowed"
+		ids = outcomeIDs{2, 2, 1, 0, "Low", "Failure", "Allowed", ""}
 	}
 	if c == DetectionFinding {
-		sevID, sev = 4, "High"
+		ids.sevID, ids.sev = 4, "High"
 	}
-	return
+	return ids
 }
 
 func (l *Log) record(ev Event) Record {
 	ci := classes[ev.Class]
-	sevID, sev, statusID, status, actionID, action := outcomeIDs(ev.Outcome, ev.Class)
+	ids := idsOf(ev.Outcome, ev.Class)
+	product := Product{Name: ev.Product, VendorName: "openshell-go"}
+	if ev.Product == "" {
+		product.Name, product.Version = "openshell-gateway", l.o.Version
+	}
 	r := Record{
 		Time: ev.Time.UnixMilli(), ClassUID: int(ev.Class), ClassName: ci.name,
 		CategoryUID: ci.categoryUID, CategoryName: ci.categoryName,
 		ActivityID: ev.Activity.ID, ActivityName: ev.Activity.Name,
 		TypeUID: int(ev.Class)*100 + ev.Activity.ID, TypeName: ci.name + ": " + ev.Activity.Name,
-		SeverityID: sevID, Severity: sev, StatusID: statusID, Status: status, StatusCode: ev.Code,
-		ActionID: actionID, Action: action, Message: ev.Message,
+		SeverityID: ids.sevID, Severity: ids.sev, StatusID: ids.statusID, Status: ids.status, StatusCode: ev.Code,
+		StatusDetail: ev.StatusDetail, ActionID: ids.actionID, Action: ids.action,
+		DispositionID: ids.dispID, Disposition: ids.disp, Message: ev.Message,
 		Metadata: Metadata{
 			Version: OCSFVersion, UID: uuid.NewString(), CorrelationUID: ev.RequestID,
-			Product: Product{Name: "openshell-gateway", VendorName: "openshell-go", Version: l.o.Version},
+			Product: product,
 		},
+		DstEndpoint: ev.Dst, FirewallRule: ev.Rule, HTTPRequest: ev.HTTP, FindingInfo: ev.Finding,
 	}
 	if ev.ActorSubject != "" {
-		r.Actor = &Actor{User: User{UID: ev.ActorSubject, Type: ev.ActorKind}}
+		r.Actor = &Actor{User: &User{UID: ev.ActorSubject, Type: ev.ActorKind}}
+	}
+	if ev.Process != nil {
+		if r.Actor == nil {
+			r.Actor = &Actor{}
+		}
+		r.Actor.Process = ev.Process
+	}
+	if ev.HTTPStatus != 0 {
+		r.HTTPResponse = &HTTPResponse{Code: ev.HTTPStatus}
 	}
 	if ev.SourceIP != "" {
 		r.SrcEndpoint = &Endpoint{IP: ev.SourceIP}

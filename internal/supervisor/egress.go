@@ -485,5 +485,5 @@ func logEgressEvent(log *slog.Logger, ev egress.Event) {
 	log.Log(context.Background(), level, "egress "+ev.Decision,
 		"decision", ev.Decision, "kind", ev.Kind, "binary", ev.Binary, "pid", strconv.Itoa(ev.PID),
 		"host", ev.Host, "ip", ev.IP, "port", strconv.FormatUint(uint64(ev.Port), 10),
-		"policy", ev.Policy, "method", ev.Method, "path", ev.Path, "reason", ev.Reason)
+		"policy", ev.Policy, "method", ev.Method, "path", ev.Path, "reason", ev.Reason, "finding", ev.Finding)
 }

@@ -1,7 +1,9 @@
 // Package logs implements the log and watch RPCs of openshell.v1.OpenShell:
 // GetSandboxLogs and WatchSandbox (users, or a sandbox for itself) and
 // PushSandboxLogs (a sandbox's supervisor pushing its own lines). Lines are
-// kept in a bounded in-memory buffer per sandbox (sandboxlog).
+// kept in a bounded in-memory buffer per sandbox (sandboxlog). A pushed
+// egress or inference decision line is also recorded as a security event
+// whose subject is the pushing sandbox (securityevent.FromSandboxLog).
 package logs
 
 import (
@@ -17,6 +19,7 @@ import (
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/lifecycle"
 	"github.com/openshell-go/openshell/internal/sandboxlog"
+	"github.com/openshell-go/openshell/internal/securityevent"
 )
 
 // Options wire a Service.
@@ -24,7 +27,10 @@ type Options struct {
 	Engine *lifecycle.Engine
 	Logs   *sandboxlog.Buffer
 	Authz  *authz.Authorizer
-	Now    func() time.Time
+	// SecurityEvents records the security events in pushed decision
+	// lines (securityevent.FromSandboxLog); nil discards them.
+	SecurityEvents securityevent.Emitter
+	Now            func() time.Time
 }
 
 // Service implements the log RPCs. It is safe for concurrent use; Close
@@ -43,6 +49,9 @@ func New(o Options) *Service {
 	}
 	if o.Logs == nil {
 		o.Logs = sandboxlog.New(0)
+	}
+	if o.SecurityEvents == nil {
+		o.SecurityEvents = securityevent.Discard
 	}
 	return &Service{o: o, closing: make(chan struct{})}
 }
@@ -281,6 +290,10 @@ func (s *Service) PushSandboxLogs(stream openshellv1.OpenShell_PushSandboxLogsSe
 				l.TimestampMs = s.o.Now().UnixMilli()
 			}
 			s.o.Logs.Append(l)
+			for _, ev := range securityevent.FromSandboxLog(l) {
+				ev.SandboxID = id
+				s.o.SecurityEvents.Emit(ctx, ev)
+			}
 		}
 	}
 }

@@ -2,6 +2,7 @@ package logs_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/openshell-go/openshell/internal/auth"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/sandboxlog"
+	"github.com/openshell-go/openshell/internal/securityevent"
 )
 
 const wait = 10 * time.Second
@@ -363,5 +365,59 @@ func TestWatchSandboxDraftUpdates(t *testing.T) {
 	}
 	if ev, err := status.next(t); err != nil || ev.GetSandbox() == nil {
 		t.Fatalf("status watch after a draft update and a stop = %v, %v; want the next snapshot and no draft update", ev, err)
+	}
+}
+
+// emitted records security events (a fake securityevent.Emitter).
+type emitted struct {
+	mu  sync.Mutex
+	evs []securityevent.Event
+}
+
+func (e *emitted) Emit(_ context.Context, ev securityevent.Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.evs = append(e.evs, ev)
+}
+
+// TestPushSandboxLogsSecurityEvents: a pushed egress decision line is
+// buffered as is and recorded as one security event whose subject is the
+// pushing sandbox (not the sandbox id the line claims); other lines are
+// not events.
+func TestPushSandboxLogsSecurityEvents(t *testing.T) {
+	f := apitest.NewFixture(t)
+	buf := sandboxlog.New(0)
+	em := &emitted{}
+	s := logs.New(logs.Options{Engine: f.Engine, Logs: buf, Authz: f.Authz(false), SecurityEvents: em})
+	t.Cleanup(s.Close)
+	st := apitest.NewRecvStream[openshellv1.PushSandboxLogsRequest, openshellv1.PushSandboxLogsResponse](apitest.As(t.Context(), apitest.Sandbox(f.SandboxA)))
+	done := make(chan error, 1)
+	go func() { done <- s.PushSandboxLogs(st) }()
+	st.In <- &openshellv1.PushSandboxLogsRequest{SandboxId: f.SandboxA, Logs: []*openshellv1.SandboxLogLine{
+		{Message: "egress proxy listening", Target: securityevent.TargetEgress, Fields: map[string]string{"addr": "127.0.0.1:3128"}},
+		{SandboxId: "someone-else", Message: "egress deny", Target: securityevent.TargetEgress,
+			Fields: map[string]string{"decision": "deny", "kind": "connect", "host": "other.test", "port": "443", "binary": "/usr/bin/curl", "pid": "7"}},
+		{Message: "egress deny", Target: "main_process", Fields: map[string]string{"decision": "deny", "kind": "connect"}},
+	}}
+	close(st.In)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("PushSandboxLogs = %v", err)
+		}
+	case <-time.After(wait):
+		t.Fatal("PushSandboxLogs did not end")
+	}
+	if got, _ := buf.Read(f.SandboxA, sandboxlog.Filter{}); len(got) != 3 {
+		t.Errorf("buffered %d lines, want the 3 pushed", len(got))
+	}
+	em.mu.Lock()
+	defer em.mu.Unlock()
+	if len(em.evs) != 1 {
+		t.Fatalf("security events = %+v, want one (the decision)", em.evs)
+	}
+	if ev := em.evs[0]; ev.SandboxID != f.SandboxA || ev.Class != securityevent.NetworkActivity || ev.Outcome != securityevent.Denied ||
+		ev.Dst == nil || ev.Dst.Hostname != "other.test" || ev.Process == nil || ev.Process.Name != "/usr/bin/curl" {
+		t.Errorf("security event = %+v, want a denied Network Activity of sandbox %s to other.test by curl", ev, f.SandboxA)
 	}
 }

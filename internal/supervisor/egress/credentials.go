@@ -39,6 +39,9 @@ func (p *Proxy) resolveCredentials(c net.Conn, req *http.Request, decisions []De
 		return true
 	}
 	ev.Decision, ev.Reason = "deny", code+": "+detail
+	if code == FindingCredentialMismatch {
+		ev.Finding = FindingCredentialMismatch
+	}
 	p.emit(ev)
 	body, _ := json.Marshal(map[string]string{"error": code, "detail": detail})
 	_, _ = fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",

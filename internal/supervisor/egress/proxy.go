@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/openshell-go/openshell/internal/securityevent"
 )
 
 // Caller is one process holding the client end of a proxied connection.
@@ -91,7 +93,21 @@ type Event struct {
 	Path     string
 	Decision string // "allow", "deny" or "audit" (a REST violation logged and allowed)
 	Reason   string
+	// Finding names a detection a denial is also reported as:
+	// FindingSSRF or FindingCredentialMismatch ("" for none).
+	Finding string
 }
+
+// Findings of Event.Finding, as the gateway's security event log reads
+// them from the decision lines.
+const (
+	// FindingSSRF: the SSRF guard refused the destination (an internal,
+	// the gateway's own or a cloud metadata address or name).
+	FindingSSRF = securityevent.FindingSSRF
+	// FindingCredentialMismatch: a credential placeholder was sent to an
+	// endpoint its provider's profile does not cover.
+	FindingCredentialMismatch = securityevent.FindingCredentialMismatch
+)
 
 // Proxy is the sandbox's egress proxy: HTTP CONNECT (one decision per
 // tunnel) and absolute-form forward HTTP (one decision per request).
@@ -690,10 +706,15 @@ func (p *Proxy) dial(decisions []Decision, host string, port uint32, ev *Event) 
 	defer cancel()
 	addrs, err := resolve(ctx, p.cfg.Resolver, host)
 	if err != nil {
+		var mh metadataHostError
+		if errors.As(err, &mh) {
+			ev.Finding = FindingSSRF
+		}
 		return deny(http.StatusForbidden, "%v", err)
 	}
 	for _, d := range decisions { // each holder's matching endpoint must admit the addresses
 		if err := p.guard.check(addrs, d.AllowedIPs, d.Hostless); err != nil {
+			ev.Finding = FindingSSRF
 			return deny(http.StatusForbidden, "%v", err)
 		}
 	}

@@ -199,8 +199,8 @@ func TestProxyAllowsAndDenies(t *testing.T) {
 	if code, body := connect(t, tp.url, other); code != 403 || !strings.Contains(body, "endpoint "+other+" is not allowed by any policy") {
 		t.Errorf("CONNECT to another host = %d %q, want 403 naming the endpoint", code, body)
 	}
-	if ev := tp.events.last(t); ev.Decision != "deny" || ev.Host != "other.test" || ev.IP != "" {
-		t.Errorf("deny event = %+v", ev)
+	if ev := tp.events.last(t); ev.Decision != "deny" || ev.Host != "other.test" || ev.IP != "" || ev.Finding != "" {
+		t.Errorf("deny event = %+v, want no finding (a policy denial)", ev)
 	}
 	if code, _ := get(t, tp.url, "http://"+other+"/"); code != 403 {
 		t.Errorf("forward GET to another host = %d, want 403", code)
@@ -222,6 +222,9 @@ func TestProxySSRFGuard(t *testing.T) {
 	if code, body := connect(t, tp.url, target); code != 403 || !strings.Contains(body, "address 127.0.0.1 is internal") {
 		t.Errorf("CONNECT to a host resolving to loopback = %d %q, want 403 (internal address)", code, body)
 	}
+	if ev := tp.events.last(t); ev.Decision != "deny" || ev.Finding != FindingSSRF {
+		t.Errorf("internal address event = %+v, want a deny with finding %s", ev, FindingSSRF)
+	}
 	// Metadata names are refused before any lookup, whatever allowed_ips says.
 	meta := map[string]*sandboxv1.NetworkPolicyRule{"m": {Name: "m",
 		Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "metadata.google.internal", Port: 80, AllowedIps: []string{"0.0.0.0/0"}}},
@@ -229,6 +232,9 @@ func TestProxySSRFGuard(t *testing.T) {
 	tm := startProxy(t, Config{Resolver: loopbackResolver("metadata.google.internal"), Identify: fixedCaller("/usr/bin/curl")}, meta)
 	if code, body := get(t, tm.url, "http://metadata.google.internal/computeMetadata/v1/"); code != 403 || !strings.Contains(body, "cloud metadata") {
 		t.Errorf("metadata = %d %q, want 403", code, body)
+	}
+	if ev := tm.events.last(t); ev.Decision != "deny" || ev.Finding != FindingSSRF || ev.Reason != "host metadata.google.internal is a cloud metadata service" {
+		t.Errorf("metadata event = %+v, want a deny with finding %s", ev, FindingSSRF)
 	}
 }
 

@@ -87,7 +87,7 @@ func resolve(ctx context.Context, r Resolver, host string) ([]netip.Addr, error)
 		return []netip.Addr{a.Unmap()}, nil
 	}
 	if metadataNames[h] {
-		return nil, fmt.Errorf("host %s is a cloud metadata service", h)
+		return nil, metadataHostError(h)
 	}
 	addrs, err := r.LookupNetIP(ctx, "ip", h)
 	if err != nil {
@@ -97,6 +97,13 @@ func resolve(ctx context.Context, r Resolver, host string) ([]netip.Addr, error)
 		return nil, fmt.Errorf("resolve %s: no addresses", h)
 	}
 	return addrs, nil
+}
+
+// metadataHostError refuses a cloud metadata host name.
+type metadataHostError string
+
+func (e metadataHostError) Error() string {
+	return "host " + string(e) + " is a cloud metadata service"
 }
 
 // StaticResolver maps names to fixed addresses (tests; the supervisor

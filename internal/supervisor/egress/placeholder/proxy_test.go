@@ -182,7 +182,7 @@ func TestProxyResolves(t *testing.T) {
 		t.Errorf("placeholder to another host = %d %s, want 403 credential_endpoint_mismatch, not forwarded", st, body)
 	}
 	ev := e.lastEvent()
-	if ev.Decision != "deny" || !strings.Contains(ev.Reason, "credential_endpoint_mismatch") || ev.Host != "other.test" {
+	if ev.Decision != "deny" || !strings.Contains(ev.Reason, "credential_endpoint_mismatch") || ev.Host != "other.test" || ev.Finding != egress.FindingCredentialMismatch {
 		t.Errorf("mismatch event = %+v", ev)
 	}
 
