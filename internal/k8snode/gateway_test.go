@@ -17,7 +17,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/gatewaytest"
 	"github.com/openshell-go/openshell/internal/k8stest"
@@ -348,4 +350,177 @@ size = "1Gi"
 		}
 		return false, err
 	}, "the Sandbox CR, its pod and its claim to be gone")
+}
+
+// waitRunningPod returns pod ns/name once it is Running with a UID other
+// than notUID (empty: any).
+func waitRunningPod(t *testing.T, c *k8stest.Cluster, ns, name string, notUID string) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	eventually(t, podTimeout, func(ctx context.Context) (bool, error) {
+		p, err := c.Clientset.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+			t.Fatalf("pod %s ended in phase %s: %+v", name, p.Status.Phase, p.Status)
+		}
+		pod = p
+		return string(p.UID) != notUID && p.Status.Phase == corev1.PodRunning, nil
+	}, "pod "+name+" to be Running")
+	return pod
+}
+
+// TestGatewayServiceAccountsInPods: a sandbox whose template selects a
+// selectable ServiceAccount runs its pod under that account and its
+// supervisor bootstraps (READY, exec); a pod running the same supervisor
+// with the same sandbox id under an account the gateway does not accept
+// is refused at the token exchange and never becomes that sandbox.
+func TestGatewayServiceAccountsInPods(t *testing.T) {
+	g := startPodGateway(t, `selectable_service_account_names = ["sa-2"]
+`)
+	g.c.CreateServiceAccount(t, g.ns, "sa-2")
+	g.c.CreateServiceAccount(t, g.ns, "intruder")
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+
+	const name = "selected-sa"
+	created, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: name, Spec: &openshellv1.SandboxSpec{
+		Command:  []string{"sleep", "infinity"},
+		Template: &openshellv1.SandboxTemplate{ServiceAccountName: "sa-2"},
+	}})
+	if err != nil {
+		t.Fatalf("CreateSandbox: %v", err)
+	}
+	id := created.GetSandbox().GetMetadata().GetId()
+	t.Cleanup(func() { logPod(t, g.c, g.ns, name) })
+	gatewaytest.WaitPhase(ctx, t, c, name, openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 3*time.Minute)
+	pod, err := g.c.Clientset.CoreV1().Pods(g.ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Spec.ServiceAccountName != "sa-2" {
+		t.Fatalf("pod runs as %q, want sa-2", pod.Spec.ServiceAccountName)
+	}
+	if !strings.Contains(g.Logs(), `"service_account":"sa-2"`) && !strings.Contains(g.Logs(), "service_account=sa-2") {
+		t.Errorf("gateway log lacks the bootstrap of service account sa-2")
+	}
+	stdout, stderr, code, err := gatewaytest.Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"echo", "hi"}})
+	if err != nil || code != 0 || strings.TrimSpace(stdout) != "hi" {
+		t.Fatalf("Exec = %q, %q, %d, %v", stdout, stderr, code, err)
+	}
+
+	// The same pod spec (supervisor, sandbox id, client certificate) under
+	// an account the gateway does not accept.
+	intruder := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "intruder", Annotations: pod.Annotations},
+		Spec:       *pod.Spec.DeepCopy(),
+	}
+	intruder.Spec.ServiceAccountName = "intruder"
+	intruder.Spec.NodeName = ""
+	intruder.Spec.Hostname = ""
+	if _, err := g.c.Clientset.CoreV1().Pods(g.ns).Create(ctx, intruder, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create intruder pod: %v", err)
+	}
+	t.Cleanup(func() { logPod(t, g.c, g.ns, "intruder") })
+	eventually(t, podTimeout, func(context.Context) (bool, error) {
+		return strings.Contains(g.Logs(), "K8s TokenReview principal is not an accepted sandbox service account") &&
+			strings.Contains(g.Logs(), "system:serviceaccount:"+g.ns+":intruder"), nil
+	}, "the gateway to refuse the intruder pod's token")
+	if n := strings.Count(g.Logs(), "sandbox bootstrapped from a K8s ServiceAccount token"); n != 1 {
+		t.Errorf("gateway bootstrapped %d sandboxes, want only the sa-2 one", n)
+	}
+	// The real sandbox is unaffected.
+	if sb, err := c.GetSandbox(ctx, &openshellv1.GetSandboxRequest{Name: name}); err != nil || sb.GetSandbox().GetStatus().GetPhase() != openshellv1.SandboxPhase_SANDBOX_PHASE_READY {
+		t.Errorf("sandbox after the refused pod: %v, %v; want READY", sb.GetSandbox().GetStatus(), err)
+	}
+}
+
+// TestGatewayAdoptsRunningSandbox: a bare agent-sandbox Sandbox (no
+// gateway) runs a busybox pod that writes a random value into its claim
+// at /data. The gateway adopts it with a policy that names /data
+// read-only: the recreated pod runs the supervisor, which bootstraps with
+// the pod's token, the sandbox turns READY, exec reads the value the bare
+// pod wrote, and a write to /data is refused.
+func TestGatewayAdoptsRunningSandbox(t *testing.T) {
+	g := startPodGateway(t, "allow_adoption = true\ngateway_id = \"gw-adopt\"\n")
+	g.c.HostPathVolume(t, "adopt-"+g.ns, "1Gi")
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+
+	const name = "bare"
+	script := `[ -s /data/seed ] || cat /proc/sys/kernel/random/uuid > /data/seed; echo "seed=$(cat /data/seed)"; exec sleep 2147483647`
+	bare := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+		"metadata": map[string]any{"name": name, "namespace": g.ns},
+		"spec": map[string]any{
+			"podTemplate": map[string]any{"spec": map[string]any{
+				"serviceAccountName": sandboxSA,
+				// sleep as PID 1 ignores SIGTERM: do not wait 30 s for it.
+				"terminationGracePeriodSeconds": int64(1),
+				"containers": []any{map[string]any{
+					"name": "agent", "image": k8stest.BusyboxImage, "imagePullPolicy": "Never",
+					"command":      []any{"/bin/sh", "-c", script},
+					"volumeMounts": []any{map[string]any{"name": "data", "mountPath": "/data"}},
+				}},
+			}},
+			"volumeClaimTemplates": []any{map[string]any{
+				"metadata": map[string]any{"name": "data"},
+				"spec":     map[string]any{"accessModes": []any{"ReadWriteOnce"}, "resources": map[string]any{"requests": map[string]any{"storage": "1Gi"}}},
+			}},
+		},
+	}}
+	if _, err := g.c.Dynamic.Resource(k8stest.SandboxGVR).Namespace(g.ns).Create(ctx, bare, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create bare Sandbox: %v", err)
+	}
+	t.Cleanup(func() { logPod(t, g.c, g.ns, name) })
+	oldPod := waitRunningPod(t, g.c, g.ns, name, "")
+	var seed string
+	eventually(t, podTimeout, func(ctx context.Context) (bool, error) {
+		b, err := g.c.Clientset.CoreV1().Pods(g.ns).GetLogs(name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(ctx)
+		if v, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "seed="); ok && v != "" {
+			seed = v
+			return true, nil
+		}
+		return false, err
+	}, "the bare pod to write its seed")
+
+	// The default policy does not name the CR's own /data mount: the
+	// adoption's policy adds it, read-only.
+	policy := &sandboxv1.SandboxPolicy{
+		Version: 1,
+		Filesystem: &sandboxv1.FilesystemPolicy{
+			IncludeWorkdir: true,
+			ReadOnly:       []string{"/bin", "/etc", "/data"},
+			ReadWrite:      []string{"/tmp"},
+		},
+		Landlock: &sandboxv1.LandlockPolicy{Compatibility: "best_effort"},
+	}
+	resp, err := c.AdoptSandbox(ctx, &openshellv1.AdoptSandboxRequest{Name: name, Namespace: g.ns, Spec: &openshellv1.SandboxSpec{Policy: policy}})
+	if err != nil {
+		t.Fatalf("AdoptSandbox: %v", err)
+	}
+	id := resp.GetSandbox().GetMetadata().GetId()
+	gatewaytest.WaitPhase(ctx, t, c, name, openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 3*time.Minute)
+	pod := waitRunningPod(t, g.c, g.ns, name, string(oldPod.UID))
+	if len(pod.Spec.InitContainers) == 0 {
+		t.Errorf("adopted pod has no supervisor init container")
+	}
+	stdout, stderr, code, err := gatewaytest.Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"cat", "/data/seed"}})
+	if err != nil || code != 0 {
+		t.Fatalf("Exec(cat /data/seed) = %q, %q, %d, %v", stdout, stderr, code, err)
+	}
+	if got := strings.TrimSpace(stdout); got != seed {
+		t.Errorf("/data/seed after adoption = %q, want %q (written by the bare pod)", got, seed)
+	}
+	// The policy given at adoption holds in the pod: /data is read-only.
+	stdout, stderr, code, err = gatewaytest.Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"sh", "-c", "echo x > /data/other"}})
+	if err != nil || code == 0 {
+		t.Errorf("Exec(write /data/other) = %q, %q, %d, %v; want a refused write", stdout, stderr, code, err)
+	}
 }
