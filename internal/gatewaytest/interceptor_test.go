@@ -204,7 +204,8 @@ func TestGatewayRefusesInvalidInterceptor(t *testing.T) {
 // /.well-known/openid-configuration (issuer = the token's iss) and its
 // jwks_uri, with typ openshell-ext+jwt, the
 // exact configured audience and a future exp; the gateway refuses that
-// token as a credential; the token is never logged.
+// token as a credential, before any interceptor runs; the token is never
+// logged.
 func TestGatewayInterceptorExtensionToken(t *testing.T) {
 	sock := filepath.Join(TempDir(t), "ic.sock")
 	_, rec := runInterceptor(t, &gipb.InterceptorManifest{Name: "guard", Bindings: []*gipb.InterceptorBinding{
@@ -279,10 +280,14 @@ func TestGatewayInterceptorExtensionToken(t *testing.T) {
 	}
 
 	// Presented to the gateway (over the mTLS connection it requires), the
-	// extension token is refused.
-	_, err = c.ListProviders(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok), &openshellv1.ListProvidersRequest{})
+	// extension token is refused. Interceptors run after authentication:
+	// the refused CreateProvider, a bound RPC, never reaches the interceptor.
+	_, err = c.CreateProvider(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok), newProvider("gh2"))
 	if status.Code(err) != codes.Unauthenticated || status.Convert(err).Message() != "extension tokens cannot authenticate to the gateway" {
-		t.Errorf("ListProviders with the extension token = %v, want Unauthenticated \"extension tokens cannot authenticate to the gateway\"", err)
+		t.Errorf("CreateProvider with the extension token = %v, want Unauthenticated \"extension tokens cannot authenticate to the gateway\"", err)
+	}
+	if n := len(recorded(t, rec)); n != 1 {
+		t.Errorf("the interceptor saw %d evaluations, want 1: an unauthenticated call reached it", n)
 	}
 	if strings.Contains(g.Logs(), strings.Split(tok, ".")[2]) {
 		t.Error("the extension token appears in the gateway log")
@@ -316,12 +321,13 @@ func getJSON(t *testing.T, c *http.Client, url string, v any) {
 func TestGatewayInterceptorSeesSupervisorCaller(t *testing.T) {
 	curl, port, _ := egressUpstream(t)
 	validate := gipb.GatewayInterceptorPhase_GATEWAY_INTERCEPTOR_PHASE_VALIDATE
-	url, rec := runInterceptor(t, &gipb.InterceptorManifest{Name: "who", Bindings: []*gipb.InterceptorBinding{
+	sock := filepath.Join(TempDir(t), "ic.sock")
+	_, rec := runInterceptor(t, &gipb.InterceptorManifest{Name: "who", Bindings: []*gipb.InterceptorBinding{
 		{Id: "create", Selector: &gipb.InterceptorSelector{Rpc: "openshell.v1.OpenShell/CreateSandbox"}, Phases: []gipb.GatewayInterceptorPhase{validate}},
 		{Id: "analysis", Selector: &gipb.InterceptorSelector{Rpc: "openshell.v1.OpenShell/SubmitPolicyAnalysis"}, Phases: []gipb.GatewayInterceptorPhase{validate}},
-	}}, "allow", "[]")
+	}}, "allow", "[]", "-unix", sock)
 	g := Start(t, Options{
-		ExtraArgs: []string{"--config", interceptorConfig(t, "who", url)},
+		ExtraArgs: []string{"--config", writeConfig(t, fmt.Sprintf("[[openshell.gateway.interceptors]]\nname = \"who\"\ngrpc_endpoint = %q\ntimeout = \"5s\"\n", "unix://"+sock))},
 		Env:       []string{"OPENSHELL_EGRESS_TEST_HOSTS=denied.who.test=127.0.0.1"},
 	})
 	c := g.Client()
@@ -359,4 +365,41 @@ func TestGatewayInterceptorSeesSupervisorCaller(t *testing.T) {
 	if create["kind"] != "user" || create["provider"] != "mtls" || create["subject"] == "" || create["sandbox_id"] != "" {
 		t.Errorf("CreateSandbox principal = %v, want kind user, provider mtls, a subject, no sandbox_id", create)
 	}
+	for _, tok := range recordedTokens(t, rec) {
+		parsed, err := jwt.ParseSigned(tok, []jose.SignatureAlgorithm{jose.EdDSA})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var claims map[string]any
+		if err := parsed.UnsafeClaimsWithoutVerification(&claims); err != nil {
+			t.Fatal(err)
+		}
+		if claims["caller_kind"] != "gateway" || claims["sandbox_id"] != nil {
+			t.Errorf("interceptor token claims %v, want caller_kind gateway and no sandbox_id", claims)
+		}
+	}
+}
+
+// recordedTokens returns the bearer token of each Evaluate the fake
+// interceptor recorded, failing the test on a call without exactly one.
+func recordedTokens(t *testing.T, rec string) []string {
+	t.Helper()
+	b, err := os.ReadFile(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var toks []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var line struct {
+			Authorization []string `json:"authorization"`
+		}
+		if err := json.Unmarshal([]byte(l), &line); err != nil {
+			t.Fatal(err)
+		}
+		if len(line.Authorization) != 1 || !strings.HasPrefix(line.Authorization[0], "Bearer ") {
+			t.Fatalf("an Evaluate carried authorization %q, want one bearer token", line.Authorization)
+		}
+		toks = append(toks, strings.TrimPrefix(line.Authorization[0], "Bearer "))
+	}
+	return toks
 }

@@ -214,3 +214,26 @@ func TestExtensionAudienceOfTheGatewayRefused(t *testing.T) {
 		t.Fatalf("Start = %v, want an error naming the interceptor", err)
 	}
 }
+
+// TestStrictVerifierRefusesDescribe: an interceptor that checks the
+// audience before answering Describe refuses a gateway configured with
+// another audience, and start-up fails as an authentication failure; with
+// the audience it expects, start-up succeeds.
+func TestStrictVerifierRefusesDescribe(t *testing.T) {
+	iss, _, _ := newGatewayKeys(t)
+	sock := filepath.Join(t.TempDir(), "ic.sock")
+	f := startFake(t, manifest("", bind("v", rpcCreateProvider, "", Validate)), "allow", "", "-unix", sock, "-require-audience", "urn:example:strict")
+	cfg := config("strict", f)
+	cfg.AllowInsecureTransport = false
+	cfg.Audience = "urn:example:other"
+	_, err := Start(t.Context(), Options{Configs: []Config{cfg}, Tokens: iss, Logger: testLogger(t)})
+	if err == nil || !strings.Contains(err.Error(), `interceptor "strict"`) || !strings.Contains(err.Error(), "Unauthenticated") {
+		t.Fatalf("Start with another audience = %v, want an authentication failure naming the interceptor", err)
+	}
+	cfg.Audience = "urn:example:strict"
+	rt, err := Start(t.Context(), Options{Configs: []Config{cfg}, Tokens: iss, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatalf("Start with the expected audience: %v", err)
+	}
+	rt.Close()
+}

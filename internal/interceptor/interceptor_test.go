@@ -361,7 +361,9 @@ func TestUnixSocketEndpoint(t *testing.T) {
 }
 
 // TestHTTPSEndpoint: an https:// endpoint verified against
-// tls_ca_cert_path works; without the CA the handshake fails at start-up.
+// tls_ca_cert_path works; the pinned CA keeps hostname verification (a
+// name the certificate does not carry fails); without the CA the
+// handshake fails at start-up.
 func TestHTTPSEndpoint(t *testing.T) {
 	dir := t.TempDir()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -393,6 +395,13 @@ func TestHTTPSEndpoint(t *testing.T) {
 	client, _, _ := serve(t, start(t, c))
 	if _, err := client.CreateProvider(t.Context(), providerReq()); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("CreateProvider = %v, want the veto over TLS", err)
+	}
+	// The pinned CA does not replace hostname verification: the
+	// certificate names 127.0.0.1 only, so localhost is refused.
+	byName := c
+	byName.Endpoint = "https://localhost:" + f.endpoint[strings.LastIndex(f.endpoint, ":")+1:]
+	if _, err := Start(t.Context(), Options{Configs: []Config{byName}}); err == nil || !strings.Contains(err.Error(), "describe") {
+		t.Errorf("Start with the CA but another host name = %v, want a describe (handshake) error", err)
 	}
 	c.TLSCACertPath = ""
 	if _, err := Start(t.Context(), Options{Configs: []Config{c}}); err == nil || !strings.Contains(err.Error(), "describe") {

@@ -206,3 +206,25 @@ func TestProfileSourceFailures(t *testing.T) {
 		t.Errorf("ProfileSources(builtin twice) = %v, want %q", err, want)
 	}
 }
+
+// TestProfileSignatureNotVerified: configured interceptors are trusted
+// sources: a profile whose signature annotations verify nothing is served
+// as it is, annotations included.
+func TestProfileSignatureNotVerified(t *testing.T) {
+	signed := strings.Replace(acmeProfiles, `"displayName"`, `"annotations":{"openshell.nvidia.com/profile-signature":"not-a-signature","openshell.nvidia.com/profile-hash":"sha256:0000"},"displayName"`, 1)
+	f := startFake(t, `{"name":"catalog","providerProfiles":true}`, "allow", "", "-profiles", signed)
+	rt := start(t, config("catalog", f))
+	ps, err := ProfileSources([]ProfileSourceConfig{{Type: "interceptor", Name: "catalog"}}, rt, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := providerStore(t)
+	s.SetProfileSources(ps)
+	p, err := s.Profile(t.Context(), "", "acme-api")
+	if err != nil {
+		t.Fatalf("Profile(acme-api) with an unverifiable signature annotation: %v", err)
+	}
+	if got := p.GetAnnotations()["openshell.nvidia.com/profile-signature"]; got != "not-a-signature" {
+		t.Errorf("profile-signature annotation = %q, want it served as the interceptor sent it", got)
+	}
+}

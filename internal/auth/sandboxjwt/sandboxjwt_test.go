@@ -183,8 +183,9 @@ func TestVerifyRejections(t *testing.T) {
 }
 
 // TestMintExtension: a minted extension token is typed openshell-ext+jwt
-// and refused by the gateway's own verifier with OpenShell's text; the
-// audience and lifetime are bounded as in OpenShell.
+// and refused by the gateway's own verifier with OpenShell's text, while a
+// sandbox token of the same key has neither that typ nor another audience;
+// the audience and lifetime are bounded as in OpenShell.
 func TestMintExtension(t *testing.T) {
 	k := newKey(t)
 	iss, err := NewIssuer(k.priv, k.kid, "gw", 0)
@@ -208,6 +209,18 @@ func TestMintExtension(t *testing.T) {
 	p, err := v.Authenticate(t.Context(), req(tok))
 	if p != nil || !errors.Is(err, errdefs.ErrUnauthenticated) || err.Error() != "extension tokens cannot authenticate to the gateway" {
 		t.Errorf("Authenticate(extension token) = %v, %v", p, err)
+	}
+	// Either discriminator alone separates the two kinds signed by the same
+	// key: a sandbox token has neither the typ nor an extension audience.
+	sb, _, err := iss.Mint("sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, _ := parseHeader(sb); h.Typ == ExtensionTokenType || h.Kid != k.kid {
+		t.Errorf("sandbox token header = %+v, want the same kid and no %s typ", h, ExtensionTokenType)
+	}
+	if c, err := v.Verify(sb); err != nil || c.Audience != Audience("gw") {
+		t.Errorf("sandbox token = %+v, %v, want audience %s", c, err, Audience("gw"))
 	}
 	for _, tc := range []struct {
 		aud string

@@ -5,7 +5,10 @@
 // wire bytes, base64, and the authorization metadata the call carried) as
 // one JSON line in the record file. With -profiles
 // it answers SnapshotProviderProfiles with those profiles and -revision,
-// recording each call as the line {"snapshot":true}.
+// recording each call as the line {"snapshot":true}. With -require-audience
+// it acts as a strict verifier: Describe answers Unauthenticated unless the
+// bearer token's aud is that value (the claim is decoded, not verified: the
+// tests verify signatures themselves).
 package main
 
 import (
@@ -15,6 +18,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -41,6 +45,7 @@ type server struct {
 	mu       sync.Mutex
 	record   *os.File
 	snapshot *gipb.ProviderProfileSnapshot
+	audience string // -require-audience
 }
 
 func (s *server) SnapshotProviderProfiles(context.Context, *gipb.ProviderProfileSnapshotRequest) (*gipb.ProviderProfileSnapshot, error) {
@@ -53,8 +58,33 @@ func (s *server) SnapshotProviderProfiles(context.Context, *gipb.ProviderProfile
 	return s.snapshot, nil
 }
 
-func (s *server) Describe(context.Context, *gipb.DescribeRequest) (*gipb.InterceptorManifest, error) {
+func (s *server) Describe(ctx context.Context, _ *gipb.DescribeRequest) (*gipb.InterceptorManifest, error) {
+	if s.audience != "" && bearerAudience(ctx) != s.audience {
+		return nil, status.Error(codes.Unauthenticated, "extension token audience is not "+s.audience)
+	}
 	return s.manifest, nil
+}
+
+// bearerAudience is the aud claim of the call's bearer token, or "".
+func bearerAudience(ctx context.Context) string {
+	md, _ := metadata.FromIncomingContext(ctx)
+	auth := md.Get("authorization")
+	if len(auth) != 1 {
+		return ""
+	}
+	parts := strings.Split(strings.TrimPrefix(auth[0], "Bearer "), ".")
+	if len(parts) != 3 {
+		return ""
+	}
+	b, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return ""
+	}
+	var claims struct {
+		Aud string `json:"aud"`
+	}
+	_ = json.Unmarshal(b, &claims)
+	return claims.Aud
 }
 
 func (s *server) Evaluate(ctx context.Context, ev *gipb.InterceptorEvaluation) (*gipb.InterceptorResult, error) {
@@ -111,8 +141,9 @@ func main() {
 	keyFile := flag.String("tls-key", "", "and this key (PEM)")
 	profiles := flag.String("profiles", "[]", "JSON array of ProviderProfile (ProtoJSON) served by SnapshotProviderProfiles")
 	revision := flag.String("revision", "rev-1", "revision served by SnapshotProviderProfiles")
+	audience := flag.String("require-audience", "", "refuse Describe unless the bearer token has this aud")
 	flag.Parse()
-	s := &server{behavior: *behavior, manifest: &gipb.InterceptorManifest{}}
+	s := &server{behavior: *behavior, manifest: &gipb.InterceptorManifest{}, audience: *audience}
 	if err := protojson.Unmarshal([]byte(*manifest), s.manifest); err != nil {
 		fmt.Fprintln(os.Stderr, "manifest:", err)
 		os.Exit(2)
