@@ -159,6 +159,11 @@ type OIDC struct {
 	AdminRole   string
 	UserRole    string
 	ScopesClaim string
+	// LoginClientID turns on the browser login of service URLs.
+	LoginClientID string
+	// LoginClientSecretFile holds the login client's secret (0600); empty
+	// for a public client.
+	LoginClientSecretFile string
 }
 
 // Enabled reports whether OIDC authentication is configured.

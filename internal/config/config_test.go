@@ -785,3 +785,43 @@ func TestInterceptorTables(t *testing.T) {
 		t.Errorf("Interceptors = %+v", cfg.Interceptors)
 	}
 }
+
+func TestOIDCLoginSettings(t *testing.T) {
+	dir := t.TempDir()
+	secret := writeFile(t, filepath.Join(dir, "login-secret"), "s3cret\n")
+	open := writeFile(t, filepath.Join(dir, "open-secret"), "s3cret\n")
+	if err := os.Chmod(open, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	issuer := []string{"--disable-tls", "--oidc-issuer", "https://idp.example"}
+	for _, tt := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"client id without issuer", []string{"--disable-tls", "--oidc-login-client-id", "web"}, nil, "--oidc-login-client-id needs --oidc-issuer"},
+		{"client id from env without issuer", []string{"--disable-tls"}, map[string]string{"OPENSHELL_OIDC_LOGIN_CLIENT_ID": "web"}, "--oidc-login-client-id needs --oidc-issuer"},
+		{"secret without client id", append(issuer, "--oidc-login-client-secret-file", secret), nil, "--oidc-login-client-secret-file needs --oidc-login-client-id"},
+		{"secret open to others", append(issuer, "--oidc-login-client-id", "web", "--oidc-login-client-secret-file", open), nil, "has mode 0644, want 0600"},
+		{"secret missing", append(issuer, "--oidc-login-client-id", "web", "--oidc-login-client-secret-file", filepath.Join(dir, "nope")), nil, "cannot read"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := load(t, tt.args, tt.env)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Load() = %v, want error containing %q", err, tt.want)
+			}
+			if strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("Load() error shows the secret: %v", err)
+			}
+		})
+	}
+	file := writeFile(t, filepath.Join(dir, "gateway.toml"), "[openshell.gateway.oidc]\nissuer = \"https://idp.example\"\nlogin_client_id = \"web\"\nlogin_client_secret_file = \""+secret+"\"\n")
+	cfg, err := load(t, []string{"--disable-tls", "--config", file}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.OIDC.LoginClientID != "web" || cfg.OIDC.LoginClientSecretFile != secret {
+		t.Errorf("OIDC = %+v, want login client web with its secret file", cfg.OIDC)
+	}
+}

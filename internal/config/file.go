@@ -91,6 +91,9 @@ type fileOIDC struct {
 	AdminRole   *string `toml:"admin_role"`
 	UserRole    *string `toml:"user_role"`
 	ScopesClaim *string `toml:"scopes_claim"`
+	// LoginClientID and LoginClientSecretFile configure the browser login.
+	LoginClientID         *string `toml:"login_client_id"`
+	LoginClientSecretFile *string `toml:"login_client_secret_file"`
 }
 
 type fileAuth struct {

@@ -39,6 +39,8 @@ type settings struct {
 	oidcAdminRole       string
 	oidcUserRole        string
 	oidcScopesClaim     string
+	oidcLoginClientID   string
+	oidcLoginSecretFile string
 	rateRequests        int
 	rateWindow          int
 	serverSANs          []string
@@ -145,6 +147,8 @@ var specs = []*spec{
 	{name: "oidc-admin-role", env: "OPENSHELL_OIDC_ADMIN_ROLE", def: DefaultOIDCAdminRole, usage: "role granting admin RPCs", str: func(s *settings) *string { return &s.oidcAdminRole }},
 	{name: "oidc-user-role", env: "OPENSHELL_OIDC_USER_ROLE", def: DefaultOIDCUserRole, usage: "role granting user RPCs", str: func(s *settings) *string { return &s.oidcUserRole }},
 	{name: "oidc-scopes-claim", env: "OPENSHELL_OIDC_SCOPES_CLAIM", def: `""`, usage: "claim holding scopes (empty = scope checks off)", str: func(s *settings) *string { return &s.oidcScopesClaim }},
+	{name: "oidc-login-client-id", env: "OPENSHELL_OIDC_LOGIN_CLIENT_ID", usage: "OAuth client id of the browser login to sandbox service URLs (enables it; needs --oidc-issuer)", str: func(s *settings) *string { return &s.oidcLoginClientID }},
+	{name: "oidc-login-client-secret-file", env: "OPENSHELL_OIDC_LOGIN_CLIENT_SECRET_FILE", usage: "file (mode 0600) holding the client secret of the browser login; omit for a public client", str: func(s *settings) *string { return &s.oidcLoginSecretFile }},
 	{name: "grpc-rate-limit-requests", env: "OPENSHELL_GRPC_RATE_LIMIT_REQUESTS", kind: kInt, def: "0", usage: "gRPC requests allowed per window (0 = off)", num: func(s *settings) *int { return &s.rateRequests }, check: func(s *settings) error { return checkNonNegative(s.rateRequests) }},
 	{name: "grpc-rate-limit-window-seconds", env: "OPENSHELL_GRPC_RATE_LIMIT_WINDOW_SECONDS", kind: kInt, def: "0", usage: "gRPC rate limit window in seconds (0 = off)", num: func(s *settings) *int { return &s.rateWindow }, check: func(s *settings) error { return checkNonNegative(s.rateWindow) }},
 	{name: "server-san", env: "OPENSHELL_SERVER_SAN", kind: kList, usage: "extra server name(s), comma separated or repeated (not implemented yet: setting it is refused; generate-certs takes --server-san)", list: func(s *settings) *[]string { return &s.serverSANs }},

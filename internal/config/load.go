@@ -196,6 +196,8 @@ func (s *settings) applyFile(g *fileGateway) error {
 		setS("oidc-admin-role", &s.oidcAdminRole, o.AdminRole)
 		setS("oidc-user-role", &s.oidcUserRole, o.UserRole)
 		setS("oidc-scopes-claim", &s.oidcScopesClaim, o.ScopesClaim)
+		setS("oidc-login-client-id", &s.oidcLoginClientID, o.LoginClientID)
+		setS("oidc-login-client-secret-file", &s.oidcLoginSecretFile, o.LoginClientSecretFile)
 	}
 	if a := g.Auth; a != nil {
 		setB("allow-unauthenticated-users", &s.allowUnauth, a.AllowUnauthenticatedUsers)
@@ -462,15 +464,27 @@ func (s *settings) resolve(cfg *Config, file *fileRoot, lookupEnv LookupEnv) err
 	// OIDC.
 	if s.oidcIssuer != "" {
 		cfg.OIDC = OIDC{
-			Issuer:      s.oidcIssuer,
-			Audience:    s.oidcAudience,
-			RolesClaim:  s.oidcRolesClaim,
-			AdminRole:   s.oidcAdminRole,
-			UserRole:    s.oidcUserRole,
-			ScopesClaim: s.oidcScopesClaim,
+			Issuer:                s.oidcIssuer,
+			Audience:              s.oidcAudience,
+			RolesClaim:            s.oidcRolesClaim,
+			AdminRole:             s.oidcAdminRole,
+			UserRole:              s.oidcUserRole,
+			ScopesClaim:           s.oidcScopesClaim,
+			LoginClientID:         s.oidcLoginClientID,
+			LoginClientSecretFile: s.oidcLoginSecretFile,
 		}
 		if err := checkHTTPURL(s.oidcIssuer); err != nil {
 			fail("--oidc-issuer: %v", err)
+		}
+	}
+	switch {
+	case s.oidcLoginClientID != "" && s.oidcIssuer == "":
+		fail("--oidc-login-client-id needs --oidc-issuer")
+	case s.oidcLoginSecretFile != "" && s.oidcLoginClientID == "":
+		fail("--oidc-login-client-secret-file needs --oidc-login-client-id")
+	case s.oidcLoginSecretFile != "":
+		if err := secretFile("oidc login client secret file", s.oidcLoginSecretFile); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	cfg.TLS.RequireClientAuth = cfg.TLS.Enabled && cfg.TLS.ClientCAPath != "" && !cfg.OIDC.Enabled()
@@ -609,6 +623,22 @@ func deref[T any](p *T) T {
 		return zero
 	}
 	return *p
+}
+
+// secretFile checks that a file holding a secret is readable and open to
+// its owner only.
+func secretFile(what, path string) error {
+	if err := readable(what, path); err != nil {
+		return err
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", what, path, errors.Unwrap(err))
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return fmt.Errorf("%s %s has mode %04o, want 0600", what, path, fi.Mode().Perm())
+	}
+	return nil
 }
 
 // readable checks that path (if set) can be opened for reading.

@@ -278,7 +278,7 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 			return fmt.Errorf("compute driver %s: bootstrap authenticator: %w", driverName, err)
 		}
 	}
-	chain, authz, err := buildAuth(cfg, verifier, bootstrap)
+	chain, authz, login, err := buildAuth(cfg, verifier, bootstrap)
 	if err != nil {
 		return err
 	}
@@ -286,7 +286,8 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 		Logger: logger, Authenticator: chain, Authorizer: authz, CallbackListener: cbLn,
 		Registry: registry, SecurityEvents: secEvents, TracerProvider: tracing.TracerFor(),
 		Services: sandboxes.ServiceRouter, LoopbackServiceHTTP: cfg.LoopbackServiceHTTP && cfg.TLS.Enabled,
-		RateLimit: server.RateLimit{Requests: cfg.RateLimit.Requests, Window: cfg.RateLimit.Window},
+		ServiceLogin: login,
+		RateLimit:    server.RateLimit{Requests: cfg.RateLimit.Requests, Window: cfg.RateLimit.Window},
 		Deps: server.Deps{
 			Logger: logger, API: sandboxes, Inference: sandboxes.Inference,
 			Drivers: func(context.Context) ([]server.DriverInfo, error) {
@@ -424,7 +425,10 @@ func redactURL(raw string) string {
 	return u.String()
 }
 
-func buildAuth(cfg *config.Config, verifier *sandboxjwt.Verifier, bootstrap auth.Authenticator) (*auth.Chain, *auth.Authorizer, error) {
+// buildAuth returns the authenticator chain, the per-RPC authorizer and,
+// when configured, the OIDC browser login of service URLs (else nil).
+func buildAuth(cfg *config.Config, verifier *sandboxjwt.Verifier, bootstrap auth.Authenticator) (*auth.Chain, *auth.Authorizer, server.ServiceLogin, error) {
+	var login server.ServiceLogin
 	opts := auth.ChainOptions{AllowUnauthenticated: cfg.Auth.AllowUnauthenticatedUsers, K8sServiceAccount: bootstrap}
 	if verifier != nil {
 		opts.SandboxJWT = verifier
@@ -432,9 +436,14 @@ func buildAuth(cfg *config.Config, verifier *sandboxjwt.Verifier, bootstrap auth
 	if cfg.OIDC.Enabled() {
 		a, err := oidc.New(oidc.Options{Issuer: cfg.OIDC.Issuer, Audience: cfg.OIDC.Audience, RolesClaim: cfg.OIDC.RolesClaim, ScopesClaim: cfg.OIDC.ScopesClaim})
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		opts.OIDC = a
+		if cfg.OIDC.LoginClientID != "" {
+			if login, err = serviceLogin(cfg.OIDC, a); err != nil {
+				return nil, nil, nil, err
+			}
+		}
 	}
 	if cfg.Auth.MTLS {
 		opts.MTLS = mtls.Authenticator{}
@@ -443,9 +452,25 @@ func buildAuth(cfg *config.Config, verifier *sandboxjwt.Verifier, bootstrap auth
 		OIDC: cfg.OIDC.Enabled(), AdminRole: cfg.OIDC.AdminRole, UserRole: cfg.OIDC.UserRole, Scopes: cfg.OIDC.ScopesClaim != "",
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return auth.NewChain(opts), authz, nil
+	return auth.NewChain(opts), authz, login, nil
+}
+
+// serviceLogin builds the browser login of service URLs on a's issuer.
+func serviceLogin(o config.OIDC, a *oidc.Authenticator) (server.ServiceLogin, error) {
+	lo := oidc.LoginOptions{ClientID: o.LoginClientID}
+	if o.LoginClientSecretFile != "" {
+		b, err := os.ReadFile(o.LoginClientSecretFile)
+		if err != nil {
+			return nil, fmt.Errorf("oidc login client secret file %s: %w", o.LoginClientSecretFile, errors.Unwrap(err))
+		}
+		lo.ClientSecret = strings.TrimSpace(string(b))
+		if lo.ClientSecret == "" {
+			return nil, fmt.Errorf("oidc login client secret file %s is empty", o.LoginClientSecretFile)
+		}
+	}
+	return oidc.NewLogin(a, lo)
 }
 
 // selectDriver picks exactly one driver: --compute-driver-socket (remote),

@@ -96,6 +96,9 @@ type Options struct {
 	// sets it only when bound to loopback). Plaintext gRPC and every
 	// other HTTP route stay refused there.
 	LoopbackServiceHTTP bool
+	// ServiceLogin, when set, lets browsers without another identity log
+	// in to service hosts with OIDC and keeps them in a session cookie.
+	ServiceLogin ServiceLogin
 	// Registry receives the metrics; nil = a new registry.
 	Registry *prometheus.Registry
 	// SecurityEvents receives one security event per security-relevant

@@ -87,6 +87,15 @@ func (s *Server) serveService(w http.ResponseWriter, r *http.Request, sr Service
 			http.NotFound(w, r)
 			return
 		}
+	}
+	login := s.opts.ServiceLogin
+	if login != nil && strings.HasPrefix(r.URL.Path, loginPathPrefix) {
+		// Before the cross-origin check: the callback is the one request
+		// that arrives from the issuer's site, and state + PKCE protect it.
+		s.serveLogin(w, r, state != nil)
+		return
+	}
+	if plaintextPath {
 		if reason := crossOrigin(r); reason != "" {
 			s.log.Info("cross-origin service request rejected", "host", r.Host, "reason", reason)
 			serviceError(w, http.StatusForbidden, "Cross-origin service request rejected")
@@ -108,6 +117,16 @@ func (s *Server) serveService(w http.ResponseWriter, r *http.Request, sr Service
 		// boundary, as in OpenShell.
 		p = auth.LocalDevPrincipal()
 	}
+	if err == nil && p == nil && login != nil {
+		p, err = s.sessionPrincipal(r, state != nil)
+		if err == nil && p == nil && isNavigation(r) {
+			s.startLogin(w, r, state != nil)
+			return
+		}
+		if lc := cookiesFor(state != nil); errors.Is(err, errdefs.ErrUnauthenticated) {
+			lc.set(w, lc.session, "", -1)
+		}
+	}
 	if err == nil {
 		err = s.opts.Authorizer.Authorize(serviceAuthMethod, p)
 	}
@@ -122,6 +141,9 @@ func (s *Server) serveService(w http.ResponseWriter, r *http.Request, sr Service
 		s.log.Warn("service request authentication", "host", r.Host, "error", err)
 		serviceError(w, http.StatusInternalServerError, "Service endpoint is not available")
 		return
+	}
+	if login != nil {
+		stripLoginCookies(r)
 	}
 	sr.ServeHTTP(w, r.WithContext(auth.NewContext(r.Context(), p)))
 }

@@ -143,6 +143,9 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	case errors.Is(err, errdefs.ErrUnauthenticated):
 		plain(w, http.StatusUnauthorized, "Authentication required")
 		return
+	case errors.Is(err, errdefs.ErrPermissionDenied):
+		plain(w, http.StatusForbidden, "Forbidden")
+		return
 	case err != nil:
 		r.log.Warn("service routing", "host", req.Host, "error", err)
 		plain(w, http.StatusInternalServerError, "Service endpoint is not available")
@@ -169,6 +172,11 @@ func (r *Router) resolve(ctx context.Context, t Target) (*openshellv1.ServiceEnd
 	if p, ok := auth.FromContext(ctx); ok && p.IsSandbox() {
 		// Sandbox tokens never open service URLs, not even their own.
 		return nil, nil, errdefs.NotFound("service endpoint not found")
+	}
+	// Membership of the host's workspace first: a refusal there says
+	// nothing about which sandboxes exist, so it may read Forbidden.
+	if err := r.s.o.Authz.Workspace(ctx, t.Workspace, openshellv1.WorkspaceRole_WORKSPACE_ROLE_USER); err != nil {
+		return nil, nil, err
 	}
 	sb, err := r.s.o.Sandboxes.Get(ctx, t.Workspace, t.Sandbox)
 	if err != nil {

@@ -33,7 +33,11 @@ func TestRouterRefusals(t *testing.T) {
 		code int
 	}{
 		{"member, sandbox provisioning", "sb--web--team-a.openshell.localhost", apitest.OIDCUser("ua"), http.StatusPreconditionFailed},
-		{"non-member", "sb--web--team-a.openshell.localhost", apitest.OIDCUser("stranger"), http.StatusNotFound},
+		// A non-member is refused before any lookup: the answer is the
+		// same whether the sandbox or the workspace exists.
+		{"non-member", "sb--web--team-a.openshell.localhost", apitest.OIDCUser("stranger"), http.StatusForbidden},
+		{"non-member, unknown sandbox", "nope--web--team-a.openshell.localhost", apitest.OIDCUser("stranger"), http.StatusForbidden},
+		{"non-member, unknown workspace", "sb--web--nowhere.openshell.localhost", apitest.OIDCUser("stranger"), http.StatusForbidden},
 		{"sandbox principal", "sb--web--team-a.openshell.localhost", apitest.Sandbox(f.SandboxA), http.StatusNotFound},
 		{"unknown service", "sb--api--team-a.openshell.localhost", apitest.OIDCUser("ua"), http.StatusNotFound},
 		{"unknown sandbox", "nope--web--team-a.openshell.localhost", apitest.OIDCUser("ua"), http.StatusNotFound},

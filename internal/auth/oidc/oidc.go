@@ -37,6 +37,7 @@ type Authenticator struct {
 
 	mu       sync.Mutex
 	verifier *gooidc.IDTokenVerifier
+	provider *gooidc.Provider
 }
 
 var _ auth.Authenticator = (*Authenticator)(nil)
@@ -70,6 +71,7 @@ func (a *Authenticator) getVerifier(ctx context.Context) (*gooidc.IDTokenVerifie
 	}
 	keys := gooidc.NewRemoteKeySet(gooidc.ClientContext(context.Background(), hc), jwksURL(p))
 	a.verifier = gooidc.NewVerifier(a.opts.Issuer, keys, &gooidc.Config{ClientID: a.opts.Audience})
+	a.provider = p
 	return a.verifier, nil
 }
 
@@ -87,17 +89,25 @@ func (a *Authenticator) Authenticate(ctx context.Context, req *auth.Request) (*a
 	if tok == "" {
 		return nil, nil
 	}
+	p, _, err := a.verify(ctx, tok)
+	return p, err
+}
+
+// verify checks a raw token (signature, issuer, audience, expiry) and
+// returns its principal. Bearer tokens and the ID tokens of the browser
+// login go through here alike.
+func (a *Authenticator) verify(ctx context.Context, tok string) (*auth.Principal, *gooidc.IDToken, error) {
 	v, err := a.getVerifier(ctx)
 	if err != nil {
-		return nil, errdefs.Unavailable("oidc issuer discovery failed")
+		return nil, nil, errdefs.Unavailable("oidc issuer discovery failed")
 	}
 	idt, err := v.Verify(ctx, tok)
 	if err != nil {
-		return nil, errdefs.Unauthenticated("invalid token: " + reason(err))
+		return nil, nil, errdefs.Unauthenticated("invalid token: " + reason(err))
 	}
 	var claims map[string]any
 	if err := idt.Claims(&claims); err != nil {
-		return nil, errdefs.Unauthenticated("invalid token: malformed claims")
+		return nil, nil, errdefs.Unauthenticated("invalid token: malformed claims")
 	}
 	p := &auth.Principal{
 		Kind:    auth.KindUser,
@@ -114,7 +124,7 @@ func (a *Authenticator) Authenticate(ctx context.Context, req *auth.Request) (*a
 			break
 		}
 	}
-	return p, nil
+	return p, idt, nil
 }
 
 func reason(err error) string {

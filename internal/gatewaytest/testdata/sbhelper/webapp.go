@@ -21,9 +21,9 @@ const page = `<!doctype html>
 </body></html>
 `
 
-// serveWebApp serves the test web app: / (the page), /headers (the Host
-// and whether an Authorization header arrived), /stream (five chunks, one
-// every 100 ms, flushed) and /ws (a WebSocket echo of text frames).
+// serveWebApp serves the test web app: / (the page), /headers (the Host,
+// whether an Authorization header arrived, and the Cookie header),
+// /stream (five chunks, one every 100 ms, flushed) and /ws (a WebSocket echo of text frames).
 func serveWebApp(addr string) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -31,7 +31,7 @@ func serveWebApp(addr string) {
 		io.WriteString(w, page)
 	})
 	mux.HandleFunc("/headers", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "host=%s authorization=%t\n", r.Host, r.Header.Get("Authorization") != "")
+		fmt.Fprintf(w, "host=%s authorization=%t cookie=%q\n", r.Host, r.Header.Get("Authorization") != "", r.Header.Get("Cookie"))
 	})
 	mux.HandleFunc("/stream", func(w http.ResponseWriter, r *http.Request) {
 		for i := range 5 {
