@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -74,24 +73,6 @@ var caEnv = []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS
 
 // systemBundles are where distributions keep the system CA bundle (PEM).
 var systemBundles = []string{"/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/ca-bundle.pem", "/etc/ssl/cert.pem", "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem"}
-
-// upstreamRoots is the system pool plus the test-only CA file, if any.
-func upstreamRoots(testCAFile string) (*x509.CertPool, error) {
-	pool, err := x509.SystemCertPool()
-	if err != nil || pool == nil {
-		pool = x509.NewCertPool()
-	}
-	if testCAFile != "" {
-		b, err := os.ReadFile(testCAFile)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", EnvEgressTestCAFile, err)
-		}
-		if !pool.AppendCertsFromPEM(b) {
-			return nil, fmt.Errorf("%s: %s holds no PEM certificate", EnvEgressTestCAFile, testCAFile)
-		}
-	}
-	return pool, nil
-}
 
 // writeCABundle writes the system CA bundle (as the agent's filesystem
 // has it) followed by ca's certificate to a new root-owned directory

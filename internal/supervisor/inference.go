@@ -62,16 +62,26 @@ func serveInference(r *supinference.Router) func(c net.Conn, req *http.Request, 
 	}
 }
 
-// pollInference keeps the router's bundle current until ctx ends.
-func pollInference(ctx context.Context, wg *sync.WaitGroup, conn grpc.ClientConnInterface, r *supinference.Router) {
+// pollInference keeps the router's bundle current until ctx ends. The
+// first bundle is fetched at once; the returned function waits for it
+// (agents start after it). A failed first fetch is retried at once by
+// the poll loop, which logs failures.
+func pollInference(ctx context.Context, wg *sync.WaitGroup, conn grpc.ClientConnInterface, r *supinference.Router) (firstFetched func()) {
 	if r == nil {
-		return
+		return func() {}
 	}
 	client := inferencev1.NewInferenceClient(conn)
 	fetch := func(ctx context.Context) (*inferencev1.GetInferenceBundleResponse, error) {
 		return client.GetInferenceBundle(ctx, &inferencev1.GetInferenceBundleRequest{})
 	}
-	// The first bundle before agents start (Poll logs a failure).
-	_ = r.Refresh(ctx, fetch)
-	wg.Go(func() { r.Poll(ctx, fetch, supinference.DefaultPollInterval) })
+	first := make(chan struct{})
+	wg.Go(func() {
+		err := r.Refresh(ctx, fetch)
+		close(first)
+		if err == nil && sleepCtx(ctx, supinference.DefaultPollInterval) != nil {
+			return
+		}
+		r.Poll(ctx, fetch, supinference.DefaultPollInterval)
+	})
+	return func() { <-first }
 }

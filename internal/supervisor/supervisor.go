@@ -138,7 +138,7 @@ type Config struct {
 	OnSessionAccepted func(sessionID string)
 
 	agentEnv      []string           // set by Serve: the egress proxy variables
-	upstreamRoots *x509.CertPool     // set by Serve before the namespace setup
+	upstreamRoots *x509.CertPool     // read by Serve before the namespace setup, parsed before the egress proxy starts
 	credentials   egress.Credentials // set by Serve: the provider placeholder resolver
 	egressMetrics *egress.Metrics    // set by Serve: the proxy's decision counters
 	policyLocal   *policyLocal       // set by Serve: serves policy.local through the proxy
@@ -371,6 +371,7 @@ func ExitCode(err error) int {
 // log goes to stderr and to the gateway; the main process's output goes to
 // stdout/stderr and to the gateway.
 func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
+	startup := newStartupClock()
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -382,12 +383,13 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	}
 	// The roots terminated TLS is verified against upstream: the
 	// supervisor's system roots (a root filesystem pivoted into later
-	// does not change them).
-	roots, err := upstreamRoots(cfg.EgressTestCAFile)
+	// does not change them), read now and parsed in the background until
+	// the egress proxy starts.
+	roots, err := loadUpstreamRoots(cfg.EgressTestCAFile)
 	if err != nil {
 		return err
 	}
-	cfg.upstreamRoots = roots
+	startup.mark("roots")
 	// Before anything can inherit it.
 	dialer, err := takeEgressDialer(&cfg)
 	if err != nil {
@@ -414,11 +416,14 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if err := setupNamespaces(&cfg); err != nil {
 		return err
 	}
+	// The endpoint's path is final now: connect while the rest starts.
+	conn.Connect()
 	if cfg.WorkspaceDir != "" {
 		if fi, err := os.Stat(cfg.WorkspaceDir); err != nil || !fi.IsDir() {
 			return fmt.Errorf("workspace directory %s is not usable (a private /tmp hides paths under /tmp): %v", cfg.WorkspaceDir, err) //nolint:errorlint // err is nil when the path is not a directory
 		}
 	}
+	startup.mark("namespaces")
 	client := openshellv1.NewOpenShellClient(conn)
 
 	var pusher *logPusher
@@ -453,6 +458,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	wg.Go(func() { refreshLoop(ctx, log.With("component", "token"), ts, client) })
 	wg.Go(func() { pusher.run(ctx) })
 
+	startup.mark("token")
 	log.Info("openshell-sandbox starting", "version", version.Version, "instance_id", cfg.InstanceID, "endpoint", cfg.Endpoint)
 	workdir := cfg.WorkspaceDir
 	if workdir == "" {
@@ -460,9 +466,21 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	}
 	agents := newAgentLauncher(log.With("component", "isolation"), workdir)
 	// Provider credentials: the egress proxy resolves the placeholders
-	// agent processes see (fetched below, once the policy is loaded).
+	// agent processes see.
 	penv := newProviderEnv()
 	cfg.credentials = penv.creds
+	// Provider credentials reach agent processes as placeholders. As in
+	// OpenShell, a failure here is not fatal: the sandbox starts without
+	// them and the refresh loop keeps trying. Fetched while the rest
+	// starts; nothing reads them before the SSH server and the main
+	// process (which wait for it).
+	penvDone := make(chan struct{})
+	wg.Go(func() {
+		defer close(penvDone)
+		if _, err := penv.fetch(ctx, client, cfg.SandboxID); err != nil {
+			log.Warn("cannot read the provider environment; starting without it", "err", err)
+		}
+	})
 	reg := newMetricsRegistry()
 	if cfg.egressMetrics, err = egress.NewMetrics(reg); err != nil {
 		return err
@@ -475,9 +493,11 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	}
 	pl := newPolicyLocal(ctx, log.With("component", "policy.local"), client, cfg.SandboxName)
 	cfg.policyLocal = pl
+	cfg.upstreamRoots = roots.wait()
 	eg = startEgress(ctx, log.With("component", "egress"), cfg, dialer, &wg)
 	defer eg.close()
-	pollInference(ctx, &wg, conn, eg.inference)
+	startup.mark("egress")
+	inferenceReady := pollInference(ctx, &wg, conn, eg.inference)
 	cfg.agentEnv = eg.env
 	// policy.local reports a rule enforced once the proxy installed it.
 	prepare := func(p *sandboxv1.SandboxPolicy) (confErr, netErr error) {
@@ -499,6 +519,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		log.Error("giving up on the sandbox configuration", "err", err)
 		return err
 	}
+	startup.mark("config")
 	pl.setSettings(loaded.settings)
 	wg.Go(func() {
 		watchPolicy(ctx, log.With("component", "config"), client, cfg.SandboxID, loaded, policyPollInterval, reload, pl.setSettings)
@@ -509,16 +530,13 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		})
 	}
 
-	// Provider credentials reach agent processes as placeholders. As in
-	// OpenShell, a failure here is not fatal: the sandbox starts without
-	// them and the refresh loop keeps trying.
-	if _, err := penv.fetch(ctx, client, cfg.SandboxID); err != nil {
-		log.Warn("cannot read the provider environment; starting without it", "err", err)
-	}
+	<-penvDone
+	inferenceReady()
 	wg.Go(func() {
 		penv.refreshLoop(ctx, log.With("component", "providers"), client, cfg.SandboxID, providerEnvRefresh)
 	})
 	// The egress proxy's variables win over a same-named provider key.
+	startup.mark("providers_inference")
 	agentEnv := func() []string { return childEnv(overlay(penv.list(), cfg.agentEnv)) }
 
 	sockPath := cfg.SSHSocket
@@ -542,6 +560,8 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	wg.Go(func() { srv.serve(ln) })
 	defer ln.Close()
 
+	startup.mark("ssh_server")
+	log.Debug("supervisor startup", startup.fields()...)
 	sc := &sessionClient{
 		log:        log.With("component", "session"),
 		client:     client,

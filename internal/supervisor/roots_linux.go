@@ -1,0 +1,210 @@
+package supervisor
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"hash/maphash"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// The places crypto/x509 reads the system roots from on Linux
+// (root_linux.go, root_unix.go): the first bundle that exists, then every
+// file of every directory; SSL_CERT_FILE and SSL_CERT_DIR replace them.
+var (
+	rootBundles = []string{
+		"/etc/ssl/certs/ca-certificates.crt",
+		"/etc/pki/tls/certs/ca-bundle.crt",
+		"/etc/ssl/ca-bundle.pem",
+		"/etc/pki/tls/cacert.pem",
+		"/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+		"/etc/ssl/cert.pem",
+	}
+	rootDirs = []string{"/etc/ssl/certs", "/etc/pki/tls/certs"}
+)
+
+// pendingRoots is the upstream root pool being parsed in the background.
+type pendingRoots struct {
+	done chan struct{}
+	pool *x509.CertPool
+}
+
+// wait returns the pool once it is parsed.
+func (p *pendingRoots) wait() *x509.CertPool {
+	<-p.done
+	return p.pool
+}
+
+// loadUpstreamRoots reads the certificates of the system pool
+// (x509.SystemCertPool's sources, so the same set) and of the test-only
+// CA file now, before a pivot_root changes what those paths name, and
+// parses them in the background. x509.SystemCertPool parses every file of
+// /etc/ssl/certs, where the bundle and each of its certificates sit
+// side by side, so it parses each root two or three times (8-25 ms per
+// supervisor start); here a certificate is parsed once. A test CA file
+// that cannot be read or holds no certificate is an error now.
+func loadUpstreamRoots(testCAFile string) (*pendingRoots, error) {
+	ders := systemRootDERs(os.Getenv("SSL_CERT_FILE"), os.Getenv("SSL_CERT_DIR"))
+	var test []*x509.Certificate
+	if testCAFile != "" {
+		b, err := os.ReadFile(testCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", EnvEgressTestCAFile, err)
+		}
+		for _, der := range pemCertificates(b) {
+			if c, err := x509.ParseCertificate(der); err == nil {
+				test = append(test, c)
+			}
+		}
+		if len(test) == 0 {
+			return nil, fmt.Errorf("%s: %s holds no PEM certificate", EnvEgressTestCAFile, testCAFile)
+		}
+	}
+	p := &pendingRoots{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		pool := x509.NewCertPool()
+		for _, der := range ders {
+			if c, err := x509.ParseCertificate(der); err == nil {
+				pool.AddCert(c)
+			}
+		}
+		for _, c := range test {
+			pool.AddCert(c)
+		}
+		p.pool = pool
+	}()
+	return p, nil
+}
+
+// systemRootDERs returns the distinct certificates (DER) of the places
+// x509.SystemCertPool loads on Linux, in its order. certFile and certDir
+// are SSL_CERT_FILE and SSL_CERT_DIR. Unreadable places are skipped, as
+// there (an empty pool is no error here: the proxy then trusts nothing).
+func systemRootDERs(certFile, certDir string) [][]byte {
+	// PEM text already decoded, by a seeded hash: whole files, and each
+	// block's own text (from the end of the previous block through its
+	// END line), which decodes alone to the same block. A file equal to
+	// one of them adds nothing: c_rehash directories hold each bundle
+	// entry again as a file of its own. (A hash collision could only
+	// leave a root out, never add one.)
+	seed := maphash.MakeSeed()
+	done := map[uint64]bool{}
+	seen := map[string]bool{}
+	var out [][]byte
+	add := func(data []byte) {
+		h := maphash.Bytes(seed, data)
+		if done[h] {
+			return
+		}
+		done[h] = true
+		for rest := data; len(rest) > 0; {
+			block, next := pem.Decode(rest)
+			if block == nil {
+				break
+			}
+			done[maphash.Bytes(seed, rest[:len(rest)-len(next)])] = true
+			rest = next
+			if block.Type != "CERTIFICATE" || len(block.Headers) != 0 || seen[string(block.Bytes)] {
+				continue
+			}
+			seen[string(block.Bytes)] = true
+			out = append(out, block.Bytes)
+		}
+	}
+	files := rootBundles
+	if certFile != "" {
+		files = []string{certFile}
+	}
+	var bundle os.FileInfo
+	for _, f := range files {
+		if data, fi, err := readFileStat(f, nil); err == nil {
+			bundle = fi
+			add(data)
+			break
+		}
+	}
+	dirs := rootDirs
+	if certDir != "" {
+		dirs = strings.Split(certDir, ":")
+	}
+	for _, dir := range dirs {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			if sameDirSymlink(e, dir) {
+				continue // the hash links of c_rehash name a file read anyway
+			}
+			// The bundle itself sits in /etc/ssl/certs: not read twice.
+			if data, _, err := readFileStat(dir+"/"+e.Name(), bundle); err == nil {
+				add(data)
+			}
+		}
+	}
+	return out
+}
+
+// readFileStat reads the file p unless it is skip (the same file: nil
+// data then). It returns the file's FileInfo.
+func readFileStat(p string, skip os.FileInfo) ([]byte, os.FileInfo, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
+	}
+	if skip != nil && os.SameFile(fi, skip) {
+		return nil, fi, nil
+	}
+	data := make([]byte, 0, fi.Size()+1)
+	for {
+		n, err := f.Read(data[len(data):cap(data)])
+		data = data[:len(data)+n]
+		if err == io.EOF {
+			return data, fi, nil
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		if len(data) == cap(data) {
+			data = append(data, 0)[:len(data)]
+		}
+	}
+}
+
+// sameDirSymlink reports whether e in dir is a symlink whose target has
+// no slash (crypto/x509 skips these).
+func sameDirSymlink(e fs.DirEntry, dir string) bool {
+	if e.Type()&fs.ModeSymlink == 0 {
+		return false
+	}
+	target, err := os.Readlink(filepath.Join(dir, e.Name()))
+	return err == nil && !strings.Contains(target, "/")
+}
+
+// pemCertificates returns the DER of the CERTIFICATE blocks without
+// headers in data, the blocks x509.CertPool.AppendCertsFromPEM takes.
+func pemCertificates(data []byte) [][]byte {
+	var out [][]byte
+	for len(data) > 0 {
+		var block *pem.Block
+		block, data = pem.Decode(data)
+		if block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" || len(block.Headers) != 0 {
+			continue
+		}
+		out = append(out, block.Bytes)
+	}
+	return out
+}
