@@ -151,7 +151,9 @@ func TestDenyWithoutCode(t *testing.T) {
 }
 
 // TestPostCommitObserves: post_commit sees the committed response without
-// secrets; a failing observer does not change the response and is counted.
+// secrets; a failing observer does not change the response (headers and
+// trailers included), is counted as an observation failure and gets the
+// standard fail-open warning and counter.
 func TestPostCommitObserves(t *testing.T) {
 	for _, tc := range []struct {
 		behavior     string
@@ -160,7 +162,8 @@ func TestPostCommitObserves(t *testing.T) {
 		t.Run(tc.behavior, func(t *testing.T) {
 			f := startFake(t, manifest("", bind("observe", rpcCreateProvider, "fail_open", PostCommit)), tc.behavior, "")
 			reg := prometheus.NewRegistry()
-			rt, err := Start(t.Context(), Options{Configs: []Config{config("observer", f)}, Logger: testLogger(t), Metrics: reg})
+			var logs syncBuffer
+			rt, err := Start(t.Context(), Options{Configs: []Config{config("observer", f)}, Logger: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: reg})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -189,6 +192,15 @@ func TestPostCommitObserves(t *testing.T) {
 			got := testutil.ToFloat64(rt.metrics.postCommitFailures.WithLabelValues("observer", "observe"))
 			if got != tc.wantFailures {
 				t.Errorf("openshell_gateway_interceptor_post_commit_observation_failures_total = %v, want %v", got, tc.wantFailures)
+			}
+			// A binding failure is also the standard fail-open warning and
+			// counter.
+			if got := testutil.ToFloat64(rt.metrics.failOpen.WithLabelValues("observer", "observe", "post_commit")); got != tc.wantFailures {
+				t.Errorf("openshell_gateway_interceptor_fail_open_total = %v, want %v", got, tc.wantFailures)
+			}
+			out := logs.String()
+			if warned := strings.Contains(out, `level=WARN msg="interceptor failed; fail_open lets the call through"`) && strings.Contains(out, "interceptor=observer binding=observe phase=post_commit"); warned != (tc.wantFailures > 0) {
+				t.Errorf("fail-open warning logged = %v, want %v:\n%s", warned, tc.wantFailures > 0, out)
 			}
 		})
 	}
@@ -334,13 +346,21 @@ func TestPostCommitOnlyAfterSuccess(t *testing.T) {
 }
 
 // TestSubmitPolicyAnalysisInterceptable: an interceptor can refuse policy
-// proposals sent by a supervisor.
+// proposals sent by a supervisor while permitting telemetry-only
+// submissions (denial summaries, no proposed chunks).
 func TestSubmitPolicyAnalysisInterceptable(t *testing.T) {
-	f := startFake(t, manifest("", bind("proposals", "openshell.v1.OpenShell/SubmitPolicyAnalysis", "", Validate)), "deny", "")
+	f := startFake(t, manifest("", bind("proposals", "openshell.v1.OpenShell/SubmitPolicyAnalysis", "", Validate)), "deny-proposals", "")
 	client, _, api := serve(t, start(t, config("p", f)))
-	_, err := client.SubmitPolicyAnalysis(t.Context(), &openshellv1.SubmitPolicyAnalysisRequest{Name: "sb", ProposedChunks: []*openshellv1.PolicyChunk{{}}})
+	_, err := client.SubmitPolicyAnalysis(t.Context(), &openshellv1.SubmitPolicyAnalysisRequest{Name: "sb", ProposedChunks: []*openshellv1.PolicyChunk{{RuleName: "allow-example"}}})
 	if status.Code(err) != codes.FailedPrecondition || len(api.received()) != 0 {
-		t.Fatalf("SubmitPolicyAnalysis = %v (handler runs %d), want the veto", err, len(api.received()))
+		t.Fatalf("SubmitPolicyAnalysis with a proposal = %v (handler runs %d), want the veto", err, len(api.received()))
+	}
+	telemetry := &openshellv1.SubmitPolicyAnalysisRequest{Name: "sb", Summaries: []*openshellv1.DenialSummary{{Host: "example.com", Port: 443}}}
+	if _, err := client.SubmitPolicyAnalysis(t.Context(), telemetry); err != nil || len(api.received()) != 1 {
+		t.Fatalf("telemetry-only SubmitPolicyAnalysis = %v (handler runs %d), want it dispatched", err, len(api.received()))
+	}
+	if evs, _ := f.evaluations(t); len(evs) != 2 {
+		t.Errorf("interceptor saw %d evaluations, want both submissions", len(evs))
 	}
 }
 

@@ -2,6 +2,8 @@ package interceptor
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -64,7 +66,8 @@ func TestEveryAllowlistedMethodIntercepted(t *testing.T) {
 // TestMapOrderNotSemantic: a patch list that only moves a map entry (remove
 // then add it back, so the JSON object lists it last) yields the same
 // canonical operation and the same request: map entry order is not a
-// difference.
+// difference. The operation after a patch is canonical ProtoJSON of the
+// re-encoded request.
 func TestMapOrderNotSemantic(t *testing.T) {
 	cur := &openshellv1.CreateProviderRequest{Provider: &datamodelv1.Provider{
 		Metadata: &datamodelv1.ObjectMeta{Name: "gh", Labels: map[string]string{"a": "1", "m": "2", "z": "3"}}, Type: "github",
@@ -86,5 +89,37 @@ func TestMapOrderNotSemantic(t *testing.T) {
 	}
 	if i, j := strings.Index(string(nextOp), `"a"`), strings.Index(string(nextOp), `"z"`); i < 0 || i > j {
 		t.Errorf("canonical operation %s does not list map keys in order", nextOp)
+	}
+	// The candidate is re-encoded and decoded back: a field patched to its
+	// default value is left out, as canonical ProtoJSON does.
+	_, defOp, err := applyPatches(cur, op, []*gipb.JsonPatch{{Op: "replace", Path: "/provider/type", Value: structpb.NewStringValue("")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(defOp), `"type"`) {
+		t.Errorf("operation after setting type to its default = %s, want type left out", defOp)
+	}
+}
+
+// TestPlanBuiltOnceAtStartup: Describe is called once, at Start; requests
+// run on the plan built then and never ask the interceptor again.
+func TestPlanBuiltOnceAtStartup(t *testing.T) {
+	describes := filepath.Join(t.TempDir(), "describes")
+	f := startFake(t, manifest("", bind("v", rpcCreateProvider, "", Validate)), "allow", "", "-describes", describes)
+	client, _, _ := serve(t, start(t, config("once", f)))
+	for range 3 {
+		if _, err := client.CreateProvider(t.Context(), providerReq()); err != nil {
+			t.Fatalf("CreateProvider: %v", err)
+		}
+	}
+	b, err := os.ReadFile(describes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "describe\n"); n != 1 {
+		t.Errorf("Describe called %d times for a start and 3 requests, want 1", n)
+	}
+	if evs, _ := f.evaluations(t); len(evs) != 3 {
+		t.Errorf("%d evaluations, want 3", len(evs))
 	}
 }

@@ -8,7 +8,8 @@
 // recording each call as the line {"snapshot":true}. With -require-audience
 // it acts as a strict verifier: Describe answers Unauthenticated unless the
 // bearer token's aud is that value (the claim is decoded, not verified: the
-// tests verify signatures themselves).
+// tests verify signatures themselves). With -describes it appends a line to
+// that file for every Describe it answers.
 package main
 
 import (
@@ -39,13 +40,14 @@ import (
 
 type server struct {
 	gipb.UnimplementedGatewayInterceptorServer
-	manifest *gipb.InterceptorManifest
-	behavior string
-	patches  []*gipb.JsonPatch
-	mu       sync.Mutex
-	record   *os.File
-	snapshot *gipb.ProviderProfileSnapshot
-	audience string // -require-audience
+	manifest  *gipb.InterceptorManifest
+	behavior  string
+	patches   []*gipb.JsonPatch
+	mu        sync.Mutex
+	record    *os.File
+	snapshot  *gipb.ProviderProfileSnapshot
+	audience  string // -require-audience
+	describes string // -describes
 }
 
 func (s *server) SnapshotProviderProfiles(context.Context, *gipb.ProviderProfileSnapshotRequest) (*gipb.ProviderProfileSnapshot, error) {
@@ -59,6 +61,14 @@ func (s *server) SnapshotProviderProfiles(context.Context, *gipb.ProviderProfile
 }
 
 func (s *server) Describe(ctx context.Context, _ *gipb.DescribeRequest) (*gipb.InterceptorManifest, error) {
+	if s.describes != "" {
+		f, err := os.OpenFile(s.describes, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+		if err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+		_, _ = f.WriteString("describe\n")
+		_ = f.Close()
+	}
 	if s.audience != "" && bearerAudience(ctx) != s.audience {
 		return nil, status.Error(codes.Unauthenticated, "extension token audience is not "+s.audience)
 	}
@@ -102,6 +112,10 @@ func (s *server) Evaluate(ctx context.Context, ev *gipb.InterceptorEvaluation) (
 		if ev.GetModifyOperation() != nil || ev.GetValidate() != nil {
 			return &gipb.InterceptorResult{Allowed: false, Reason: "not today"}, nil
 		}
+	case "deny-proposals": // a policy owner: refuse proposed chunks, let telemetry through
+		if len(ev.GetValidate().GetProposedOperation().GetFields()["proposedChunks"].GetListValue().GetValues()) > 0 {
+			return &gipb.InterceptorResult{Allowed: false, Reason: "policy proposals are reviewed elsewhere", StatusCode: "FAILED_PRECONDITION"}, nil
+		}
 	case "deny-post":
 		return &gipb.InterceptorResult{Allowed: false}, nil
 	}
@@ -133,7 +147,7 @@ func (s *server) write(ctx context.Context, ev *gipb.InterceptorEvaluation) {
 
 func main() {
 	manifest := flag.String("manifest", "{}", "InterceptorManifest as ProtoJSON")
-	behavior := flag.String("behavior", "allow", "allow, noop (allow, record nothing), deny, deny-plain, deny-post, crash, slow or snapshot-fail (SnapshotProviderProfiles fails)")
+	behavior := flag.String("behavior", "allow", "allow, noop (allow, record nothing), deny, deny-plain, deny-proposals (validate refuses requests with proposedChunks), deny-post, crash, slow or snapshot-fail (SnapshotProviderProfiles fails)")
 	patches := flag.String("patches", "[]", "JSON array of JsonPatch (ProtoJSON) returned in modify_operation")
 	record := flag.String("record", "", "file the evaluations are appended to")
 	unixPath := flag.String("unix", "", "listen on this Unix socket instead of a loopback TCP port")
@@ -142,8 +156,9 @@ func main() {
 	profiles := flag.String("profiles", "[]", "JSON array of ProviderProfile (ProtoJSON) served by SnapshotProviderProfiles")
 	revision := flag.String("revision", "rev-1", "revision served by SnapshotProviderProfiles")
 	audience := flag.String("require-audience", "", "refuse Describe unless the bearer token has this aud")
+	describes := flag.String("describes", "", "file a line is appended to for every Describe")
 	flag.Parse()
-	s := &server{behavior: *behavior, manifest: &gipb.InterceptorManifest{}, audience: *audience}
+	s := &server{behavior: *behavior, manifest: &gipb.InterceptorManifest{}, audience: *audience, describes: *describes}
 	if err := protojson.Unmarshal([]byte(*manifest), s.manifest); err != nil {
 		fmt.Fprintln(os.Stderr, "manifest:", err)
 		os.Exit(2)
