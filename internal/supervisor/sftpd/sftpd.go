@@ -12,10 +12,16 @@
 // "path escapes the sandbox workspace". Changes (mkdir, rename, remove,
 // chmod, times) act on the final name inside its beneath-resolved parent
 // directory and never follow a final symbolic link.
+//
+// Ownership changes (chown, chgrp) are limited to what the agent's user
+// may give away, checked before the kernel is asked: the owner must stay
+// the server's own uid and the group must be one of its groups. Anything
+// else is refused with "permission denied" and a message naming the ids.
 package sftpd
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path"
@@ -202,12 +208,35 @@ func (f *fsys) rename(from, to string) error {
 	return pathErr("rename", from, unix.Renameat(int(od.Fd()), oname, int(nd.Fd()), nname))
 }
 
-// setstat applies size, permissions and times to a file or directory; a
-// final symbolic link is refused rather than followed.
+// ownerAllowed refuses an ownership change the server's user may not
+// make: another owner, or a group it is not a member of.
+func ownerAllowed(uid, gid uint32) error {
+	if int(uid) != os.Getuid() {
+		return fmt.Errorf("chown to uid %d refused: files in the sandbox belong to the agent user (uid %d): %w", uid, os.Getuid(), sftp.ErrSSHFxPermissionDenied)
+	}
+	if int(gid) == os.Getgid() {
+		return nil
+	}
+	groups, err := os.Getgroups()
+	if err != nil {
+		return err
+	}
+	for _, g := range groups {
+		if g == int(gid) {
+			return nil
+		}
+	}
+	return fmt.Errorf("chgrp to gid %d refused: the agent user (uid %d) is not a member of it: %w", gid, os.Getuid(), sftp.ErrSSHFxPermissionDenied)
+}
+
+// setstat applies ownership, size, permissions and times to a file or
+// directory; a final symbolic link is refused rather than followed.
 func (f *fsys) setstat(r *sftp.Request) error {
 	flags, attrs := r.AttrFlags(), r.Attributes()
 	if flags.UidGid {
-		return sftp.ErrSSHFxOpUnsupported
+		if err := ownerAllowed(attrs.UID, attrs.GID); err != nil {
+			return err
+		}
 	}
 	p, err := f.openPath(r.Filepath, unix.O_PATH|unix.O_NOFOLLOW, 0)
 	if err != nil {
@@ -222,6 +251,12 @@ func (f *fsys) setstat(r *sftp.Request) error {
 		return pathErr("setstat", r.Filepath, unix.ELOOP)
 	}
 	procPath := "/proc/self/fd/" + itoa(int(p.Fd()))
+	if flags.UidGid {
+		// The kernel still decides: the file must be the agent's own.
+		if err := unix.Fchownat(int(p.Fd()), "", int(attrs.UID), int(attrs.GID), unix.AT_EMPTY_PATH); err != nil {
+			return pathErr("chown", r.Filepath, err)
+		}
+	}
 	if flags.Size {
 		w, err := f.openPath(r.Filepath, unix.O_WRONLY|unix.O_NOFOLLOW, 0)
 		if err != nil {

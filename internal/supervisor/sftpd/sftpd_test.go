@@ -4,11 +4,14 @@ package sftpd
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -121,5 +124,56 @@ func TestConfinedToRoot(t *testing.T) {
 	}
 	if fi, err := os.Stat(outside); err != nil || fi.Mode().Perm() != 0o755 {
 		t.Errorf("outside dir mode = %v, %v; want 0755", fi, err)
+	}
+}
+
+// TestChown: ownership may change only to the server's own uid and to one
+// of its groups; anything else is refused as permission denied, with the
+// ids named, before the kernel is asked (the test may run as root, which
+// the kernel would let through).
+func TestChown(t *testing.T) {
+	root := t.TempDir()
+	if err := os.WriteFile(filepath.Join(root, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/etc/passwd", filepath.Join(root, "out")); err != nil {
+		t.Fatal(err)
+	}
+	c := client(t, root)
+	uid, gid := os.Getuid(), os.Getgid()
+	if err := c.Chown("f", uid, gid); err != nil {
+		t.Fatalf("chown to the own uid %d and gid %d = %v, want done", uid, gid, err)
+	}
+	other := 54321
+	groups, _ := os.Getgroups()
+	for slices.Contains(groups, other) || other == gid {
+		other++
+	}
+	for _, tc := range []struct {
+		name     string
+		uid, gid int
+		want     string
+	}{
+		{"another owner", uid + 1, gid, fmt.Sprintf("chown to uid %d refused", uid+1)},
+		{"a foreign group", uid, other, fmt.Sprintf("chgrp to gid %d refused", other)},
+	} {
+		// The client turns the status into os.ErrPermission; the
+		// status message (for clients that show it) is ownerAllowed's.
+		if err := c.Chown("f", tc.uid, tc.gid); !errors.Is(err, os.ErrPermission) {
+			t.Errorf("%s: Chown = %v, want permission denied", tc.name, err)
+		}
+		if err := ownerAllowed(uint32(tc.uid), uint32(tc.gid)); !errors.Is(err, sftp.ErrSSHFxPermissionDenied) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: ownerAllowed = %v, want permission denied %q", tc.name, err, tc.want)
+		}
+	}
+	fi, err := os.Stat(filepath.Join(root, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := fi.Sys().(*syscall.Stat_t); int(st.Uid) != uid || int(st.Gid) != gid {
+		t.Errorf("after refusals f is owned by %d:%d, want %d:%d", st.Uid, st.Gid, uid, gid)
+	}
+	if err := c.Chown("out", uid, gid); err == nil {
+		t.Error("chown of a symlink leading out succeeded, want refused")
 	}
 }
