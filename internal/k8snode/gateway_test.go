@@ -524,3 +524,89 @@ func TestGatewayAdoptsRunningSandbox(t *testing.T) {
 		t.Errorf("Exec(write /data/other) = %q, %q, %d, %v; want a refused write", stdout, stderr, code, err)
 	}
 }
+
+// TestGatewayForwardToPod: ForwardTcp through the gateway reaches a TCP
+// server the sandbox's main process runs inside its pod (busybox nc
+// echoing through cat) over the supervisor's relay session, and a 1 MiB
+// payload comes back intact.
+func TestGatewayForwardToPod(t *testing.T) {
+	g := startPodGateway(t, "")
+	c := g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+
+	const name = "forward"
+	created, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: name, Spec: &openshellv1.SandboxSpec{
+		Command: []string{"nc", "-ll", "-p", "8080", "-e", "/bin/cat"},
+	}})
+	if err != nil {
+		t.Fatalf("CreateSandbox: %v", err)
+	}
+	id := created.GetSandbox().GetMetadata().GetId()
+	t.Cleanup(func() { logPod(t, g.c, g.ns, name) })
+	gatewaytest.WaitPhase(ctx, t, c, name, openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 3*time.Minute)
+	sess, err := c.CreateSshSession(ctx, &openshellv1.CreateSshSessionRequest{SandboxId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := &openshellv1.TcpForwardInit{
+		SandboxId:          id,
+		Target:             &openshellv1.TcpForwardInit_Tcp{Tcp: &openshellv1.TcpRelayTarget{Host: "127.0.0.1", Port: 8080}},
+		AuthorizationToken: sess.GetToken(),
+	}
+	// The echo server starts with the main process: retry until it answers.
+	var s openshellv1.OpenShell_ForwardTcpClient
+	// The stream outlives the poll: it runs on the test's context.
+	eventually(t, time.Minute, func(context.Context) (bool, error) {
+		st, err := c.ForwardTcp(ctx)
+		if err != nil {
+			return false, err
+		}
+		if err := st.Send(&openshellv1.TcpForwardFrame{Payload: &openshellv1.TcpForwardFrame_Init{Init: target}}); err != nil {
+			return false, err
+		}
+		if err := st.Send(&openshellv1.TcpForwardFrame{Payload: &openshellv1.TcpForwardFrame_Data{Data: []byte("ping\n")}}); err != nil {
+			return false, err
+		}
+		f, err := st.Recv()
+		if err != nil {
+			return false, err
+		}
+		if string(f.GetData()) != "ping\n" {
+			return false, fmt.Errorf("echo answered %q", f.GetData())
+		}
+		s = st
+		return true, nil
+	}, "the echo server in the pod to answer through ForwardTcp")
+
+	const total = 1 << 20
+	payload := make([]byte, total)
+	for i := range payload {
+		payload[i] = byte('a' + i%26)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		for off := 0; off < total; off += 32 << 10 {
+			if err := s.Send(&openshellv1.TcpForwardFrame{Payload: &openshellv1.TcpForwardFrame_Data{Data: payload[off : off+32<<10]}}); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	got := make([]byte, 0, total)
+	for len(got) < total {
+		f, err := s.Recv()
+		if err != nil {
+			t.Fatalf("after %d bytes: %v", len(got), err)
+		}
+		got = append(got, f.GetData()...)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(payload) {
+		t.Fatal("the echoed payload differs from what was sent")
+	}
+	_ = s.CloseSend()
+}
