@@ -228,3 +228,35 @@ func TestProfileSignatureNotVerified(t *testing.T) {
 		t.Errorf("profile-signature annotation = %q, want it served as the interceptor sent it", got)
 	}
 }
+
+// TestProfileRulesOneCatalog: deriving a sandbox's policy layers from two
+// providers whose profiles an interceptor serves fetches that interceptor
+// once: one captured catalog per request.
+func TestProfileRulesOneCatalog(t *testing.T) {
+	f := startFake(t, `{"name":"catalog","providerProfiles":true}`, "allow", "", "-profiles", acmeProfiles)
+	rt := start(t, config("catalog", f))
+	ps, err := ProfileSources([]ProfileSourceConfig{{Type: "builtin"}, {Type: "interceptor", Name: "catalog"}}, rt, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := providerStore(t)
+	s.SetProfileSources(ps)
+	for _, name := range []string{"acme-a", "acme-b"} {
+		if _, err := s.Create(t.Context(), "", &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: name}, Type: "acme-api",
+			Credentials: map[string]string{"ACME_API_KEY": "acme-unit-secret"}}); err != nil {
+			t.Fatalf("Create(%s): %v", name, err)
+		}
+	}
+	before := f.snapshots(t)
+	sb := &openshellv1.Sandbox{Metadata: &datamodelv1.ObjectMeta{Name: "sb"}, Spec: &openshellv1.SandboxSpec{Providers: []string{"acme-a", "acme-b"}}}
+	rules, err := s.ProfileRules(t.Context(), sb)
+	if err != nil {
+		t.Fatalf("ProfileRules: %v", err)
+	}
+	if len(rules) != 2 {
+		t.Errorf("ProfileRules = %d rules, want one per provider", len(rules))
+	}
+	if n := f.snapshots(t) - before; n != 1 {
+		t.Errorf("SnapshotProviderProfiles calls for one policy derivation = %d, want 1", n)
+	}
+}
