@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -116,9 +117,12 @@ func BenchmarkHealth(b *testing.B) {
 }
 
 // BenchmarkTracing calls a unary RPC through two gateway stacks in the same
-// loop: one with OTLP tracing on (the SDK's batcher exporting to a real
-// OTLP/gRPC receiver on loopback, W3C context continued from the client),
-// one with tracing off. It reports both latencies and their ratio.
+// loop, alternating: one with OTLP tracing on (the SDK's batcher exporting
+// to a real OTLP/gRPC receiver on loopback, W3C context continued from the
+// client), one with tracing off. It reports both mean latencies and their
+// ratio, and both medians and theirs (p50-ratio): on a loaded machine a
+// preempted call weighs on the mean of whichever side it hit, the median
+// shrugs it off.
 func BenchmarkTracing(b *testing.B) {
 	f := newFixture(b)
 	rcv := telemetrytest.Start(b)
@@ -148,18 +152,43 @@ func BenchmarkTracing(b *testing.B) {
 	}
 	call(on)
 	call(off)
-	var onTotal, offTotal time.Duration
-	n := 0
-	for b.Loop() {
+	var onTimes, offTimes []time.Duration
+	for i := 0; b.Loop(); i++ {
+		first, second, firstTimes, secondTimes := off, on, &offTimes, &onTimes
+		if i%2 == 1 { // neither side always runs right after the other
+			first, second, firstTimes, secondTimes = on, off, &onTimes, &offTimes
+		}
 		t0 := time.Now()
-		call(off)
+		call(first)
 		t1 := time.Now()
-		call(on)
-		onTotal += time.Since(t1)
-		offTotal += t1.Sub(t0)
-		n++
+		call(second)
+		*secondTimes = append(*secondTimes, time.Since(t1))
+		*firstTimes = append(*firstTimes, t1.Sub(t0))
 	}
-	b.ReportMetric(float64(onTotal.Nanoseconds())/float64(n), "traced-ns/op")
-	b.ReportMetric(float64(offTotal.Nanoseconds())/float64(n), "untraced-ns/op")
-	b.ReportMetric(float64(onTotal)/float64(offTotal), "ratio")
+	onMean, onP50 := meanAndMedian(onTimes)
+	offMean, offP50 := meanAndMedian(offTimes)
+	b.ReportMetric(onMean, "traced-ns/op")
+	b.ReportMetric(offMean, "untraced-ns/op")
+	b.ReportMetric(onMean/offMean, "ratio")
+	b.ReportMetric(onP50, "traced-p50-ns")
+	b.ReportMetric(offP50, "untraced-p50-ns")
+	b.ReportMetric(onP50/offP50, "p50-ratio")
+	b.ReportMetric(float64(onTimes[len(onTimes)*99/100]), "traced-p99-ns")
+	b.ReportMetric(float64(offTimes[len(offTimes)*99/100]), "untraced-p99-ns")
+	b.ReportMetric(float64(onTimes[len(onTimes)*9/10]), "traced-p90-ns")
+	b.ReportMetric(float64(offTimes[len(offTimes)*9/10]), "untraced-p90-ns")
+}
+
+// meanAndMedian returns the mean and the median of ds in nanoseconds, and
+// sorts ds.
+func meanAndMedian(ds []time.Duration) (mean, median float64) {
+	if len(ds) == 0 {
+		return 0, 0
+	}
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	slices.Sort(ds)
+	return float64(sum.Nanoseconds()) / float64(len(ds)), float64(ds[len(ds)/2].Nanoseconds())
 }

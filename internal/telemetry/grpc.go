@@ -3,6 +3,8 @@ package telemetry
 import (
 	"context"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -60,17 +62,83 @@ func splitMethod(full string) (name string, attrs []attribute.KeyValue) {
 	}
 }
 
+// rpcMethod is what a span of one RPC method starts with: its name and
+// attributes, the status code OK included (EndServerSpan and
+// endClientSpan override it only for another code; the SDK keeps a key's
+// last value).
+type rpcMethod struct {
+	name  string
+	attrs []attribute.KeyValue
+}
+
+// maxRPCMethods bounds the cache of rpcMethods: gRPC calls server
+// interceptors only for registered methods and clients call the methods
+// of their stubs, so it holds every method in use; past the bound methods
+// are computed per call.
+const maxRPCMethods = 1024
+
+var (
+	rpcMethods    sync.Map // full method → *rpcMethod
+	rpcMethodsLen atomic.Int32
+	// serverKind and clientKind are allocated once rather than per span.
+	serverKind = trace.WithSpanKind(trace.SpanKindServer)
+	clientKind = trace.WithSpanKind(trace.SpanKindClient)
+	// spanAttrs holds the per-call attribute slice StartServerSpan hands
+	// to SetAttributes (which copies it).
+	spanAttrs = sync.Pool{New: func() any { s := make([]attribute.KeyValue, 0, 8); return &s }}
+)
+
+func rpcMethodFor(full string) *rpcMethod {
+	if m, ok := rpcMethods.Load(full); ok {
+		return m.(*rpcMethod)
+	}
+	name, attrs := splitMethod(full)
+	m := &rpcMethod{name: name, attrs: append(attrs, attribute.Int(attrCode, int(codes.OK)))}
+	if rpcMethodsLen.Load() < maxRPCMethods {
+		if _, loaded := rpcMethods.LoadOrStore(full, m); !loaded {
+			rpcMethodsLen.Add(1)
+		}
+	}
+	return m
+}
+
+// incomingCarrier reads single W3C headers of the incoming metadata
+// without copying all of it (metadata.FromIncomingContext does).
+type incomingCarrier struct{ ctx context.Context }
+
+func (c incomingCarrier) Get(k string) string {
+	if v := metadata.ValueFromIncomingContext(c.ctx, k); len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+func (incomingCarrier) Set(string, string) {}
+
+func (c incomingCarrier) Keys() []string {
+	md, _ := metadata.FromIncomingContext(c.ctx)
+	return MetadataCarrier(md).Keys()
+}
+
 // StartServerSpan starts the server span of an inbound RPC, named for the
 // RPC, as the child of the W3C trace context in the incoming metadata (a
-// new trace without one), carrying requestID.
+// new trace without one), carrying requestID. Its attributes are set once
+// the sampler decided to record the span: a span not sampled costs no
+// attributes.
 func StartServerSpan(ctx context.Context, tracer trace.Tracer, fullMethod, requestID string) (context.Context, trace.Span) {
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		ctx = Propagator.Extract(ctx, MetadataCarrier(md))
-	}
-	name, attrs := splitMethod(fullMethod)
-	attrs = append(attrs, attribute.String(AttrRequestID, requestID))
+	ctx = Propagator.Extract(ctx, incomingCarrier{ctx})
+	m := rpcMethodFor(fullMethod)
 	ctx = context.WithValue(ctx, requestIDKey{}, requestID)
-	return tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
+	ctx, span := tracer.Start(ctx, m.name, serverKind)
+	if span.IsRecording() {
+		buf := spanAttrs.Get().(*[]attribute.KeyValue)
+		attrs := append(append((*buf)[:0], m.attrs...), attribute.String(AttrRequestID, requestID))
+		span.SetAttributes(attrs...)
+		clear(attrs)
+		*buf = attrs[:0]
+		spanAttrs.Put(buf)
+	}
+	return ctx, span
 }
 
 type requestIDKey struct{}
@@ -85,12 +153,14 @@ var serverErrorCodes = map[codes.Code]bool{
 	codes.Internal: true, codes.Unavailable: true, codes.DataLoss: true,
 }
 
-// EndServerSpan records err's gRPC status on span and ends it.
+// EndServerSpan records err's gRPC status on span and ends it. The span
+// started with status code OK, so a call that succeeded sets nothing.
 func EndServerSpan(span trace.Span, err error) {
-	c := status.Code(err)
-	span.SetAttributes(attribute.Int(attrCode, int(c)))
-	if serverErrorCodes[c] {
-		span.SetStatus(otelcodes.Error, c.String())
+	if c := status.Code(err); c != codes.OK {
+		span.SetAttributes(attribute.Int(attrCode, int(c)))
+		if serverErrorCodes[c] {
+			span.SetStatus(otelcodes.Error, c.String())
+		}
 	}
 	span.End()
 }
@@ -98,9 +168,8 @@ func EndServerSpan(span trace.Span, err error) {
 // endClientSpan records err's status on a client span (every non-OK code
 // is an error for the caller) and ends it.
 func endClientSpan(span trace.Span, err error) {
-	c := status.Code(err)
-	span.SetAttributes(attribute.Int(attrCode, int(c)))
-	if c != codes.OK {
+	if c := status.Code(err); c != codes.OK {
+		span.SetAttributes(attribute.Int(attrCode, int(c)))
 		span.SetStatus(otelcodes.Error, c.String())
 	}
 	span.End()
@@ -109,8 +178,9 @@ func endClientSpan(span trace.Span, err error) {
 const clientScope = "github.com/openshell-go/openshell/internal/telemetry"
 
 func startClientSpan(ctx context.Context, fullMethod string) (context.Context, trace.Span) {
-	name, attrs := splitMethod(fullMethod)
-	ctx, span := otel.Tracer(clientScope).Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	m := rpcMethodFor(fullMethod)
+	ctx, span := otel.Tracer(clientScope).Start(ctx, m.name, clientKind)
+	span.SetAttributes(m.attrs...) // a no-op when the span is not recorded
 	md, ok := metadata.FromOutgoingContext(ctx)
 	if ok {
 		md = md.Copy()
