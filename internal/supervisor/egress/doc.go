@@ -15,7 +15,11 @@
 //     first use, cached by file identity, and a later different content
 //     at the same path is denied);
 //  2. decides against one immutable Snapshot of network_policies (host
-//     exact or wildcard, port, binaries; the first matching rule by name);
+//     exact or wildcard, port, binaries; the first matching rule by name)
+//     with the Rego policy policy.rego, evaluated by the Open Policy Agent
+//     library (engine.go): prepared once per Snapshot with the rules as
+//     its base document, evaluated per connection with a small AST input;
+//     an evaluation error or a missing decision denies;
 //  3. resolves the host once, refuses loopback, link-local, private and
 //     reserved addresses, cloud metadata names and the gateway's own
 //     addresses unless the matching endpoint's allowed_ips names them, and
@@ -41,6 +45,12 @@
 // policy.local, the policy advisor's agent API (Config.PolicyLocal,
 // policylocal.go: plain http:// on port 80 only; another port or a
 // CONNECT is 400 invalid_policy_local_scheme).
+//
+// Only the connection decision (2) is Rego. Identification (1) needs /proc
+// and the file, the address check (3) needs the resolution that follows
+// the decision, and the REST rules (4) run once per HTTP request, where a
+// Rego evaluation (tens of microseconds) would cost far more than the Go
+// matcher (under one): those stay Go.
 //
 // Dialing happens outside the sandbox's network namespace through the
 // Config.Dial function; the supervisor uses package hostdial for it.

@@ -14,8 +14,10 @@ import (
 // network_policies. Every connection is decided against exactly one
 // Snapshot; a new policy generation is a new Snapshot.
 type Snapshot struct {
-	rules []rule   // sorted by name, so the first match is the smallest name
-	notes []string // what applies differently from what a reader may expect
+	rules  []rule   // sorted by name, so the first match is the smallest name
+	notes  []string // what applies differently from what a reader may expect
+	engine *engine  // the Rego decision prepared for rules; nil when it failed
+	failed error    // why engine is nil: every connection is denied
 }
 
 // Notes lists what the snapshot enforces as written but less than a
@@ -72,8 +74,15 @@ type Decision struct {
 // is not enforced as written and must not be reported LOADED. The Snapshot
 // is usable either way: it leaves those endpoints out, so connections they
 // would have allowed are denied (fail closed) while the rest of the policy
-// applies.
+// applies. Compile also prepares the generation's Rego decision (once: each
+// Decide only evaluates it); when that fails the error says so and the
+// Snapshot denies every connection.
 func Compile(rules map[string]*sandboxv1.NetworkPolicyRule) (*Snapshot, error) {
+	return compile(policyRego, rules)
+}
+
+// compile is Compile with the Rego module given (tests give broken ones).
+func compile(module string, rules map[string]*sandboxv1.NetworkPolicyRule) (*Snapshot, error) {
 	s := &Snapshot{}
 	var problems []string
 	for _, key := range slices.Sorted(maps.Keys(rules)) {
@@ -120,6 +129,12 @@ func Compile(rules map[string]*sandboxv1.NetworkPolicyRule) (*Snapshot, error) {
 			}
 		}
 		s.rules = append(s.rules, cr)
+	}
+	// The first matching rule is the one with the smallest name (the map
+	// key breaks ties), as in OpenShell.
+	slices.SortStableFunc(s.rules, func(a, b rule) int { return strings.Compare(a.name, b.name) })
+	if s.engine, s.failed = newEngine(module, s.rules); s.failed != nil {
+		return s, s.failed // denies everything: never LOADED
 	}
 	if len(problems) > 0 {
 		return s, fmt.Errorf("%s: not implemented by the egress proxy, those endpoints are denied", strings.Join(problems, "; "))
@@ -181,84 +196,48 @@ func parsePrefix(s string) (netip.Prefix, error) {
 	return netip.PrefixFrom(a, a.BitLen()), nil
 }
 
-// Decide evaluates r in OpenShell's order: a rule matches when one of its
-// endpoints matches host and port and one of its binaries matches the
-// executable or an ancestor's; the first matching rule by name wins (its
-// name and allowed_ips are the decision's). It allocates only for the
-// denial reason and the allowed addresses.
+// Decide evaluates r with the generation's Rego decision (policy.rego):
+// a rule matches when one of its endpoints matches host and port and one
+// of its binaries matches the executable or an ancestor's; the first
+// matching rule by name wins (its name and allowed_ips are the
+// decision's), and the REST endpoints of every matching rule apply. An
+// evaluation error or a missing decision denies (fail closed). Safe for
+// concurrent use.
 func (s *Snapshot) Decide(r Request) Decision {
-	endpointHit := ""
-	var d Decision
-	for i := range s.rules {
-		ru := &s.rules[i]
-		hit, ips, hostless, l7 := ru.match(r)
-		if !hit {
-			continue
-		}
-		if endpointHit == "" {
-			endpointHit = ru.name
-		}
-		if !ru.binaryAllowed(r) {
-			continue
-		}
-		if !d.Allow {
-			d = Decision{Allow: true, Policy: ru.name, AllowedIPs: ips, Hostless: hostless}
-		}
-		// Every rule allowing the caller contributes its REST endpoints
-		// (OpenShell's allow_request and deny_request range over all of
-		// them).
-		d.l7 = append(d.l7, l7...)
+	if s.engine == nil {
+		return Decision{Reason: fmt.Sprintf("no policy decision: %v", s.failed)}
 	}
-	if d.Allow {
-		return d
+	v, err := s.engine.eval(r)
+	if err != nil {
+		return Decision{Reason: fmt.Sprintf("no policy decision: %v", err)}
 	}
-	if len(s.rules) == 0 {
-		return Decision{Reason: "network connections not allowed by policy"}
+	if !v.allow {
+		return Decision{Reason: v.reason}
 	}
-	if endpointHit != "" {
-		return Decision{Reason: fmt.Sprintf("binary '%s' not allowed in policy '%s'", r.Exe, endpointHit)}
-	}
-	return Decision{Reason: fmt.Sprintf("endpoint %s:%d is not allowed by any policy", r.Host, r.Port)}
+	return s.allowed(v)
 }
 
-// match reports whether an endpoint of ru matches r's host and port, the
-// union of the matching endpoints' allowed_ips, whether all of them are
-// hostless, and their REST inspections.
-func (ru *rule) match(r Request) (hit bool, ips []netip.Prefix, hostless bool, l7 []*l7Endpoint) {
-	hostless = true
-	for j := range ru.endpoints {
-		ep := &ru.endpoints[j]
-		if !slices.Contains(ep.ports, r.Port) {
-			continue
+// allowed turns the engine's allow into a Decision: the first rule's name,
+// the allowed_ips of its matching endpoints (Hostless when all of them
+// are), and the REST endpoints of every match. An index out of range is
+// a denial, as any malformed result.
+func (s *Snapshot) allowed(v verdict) Decision {
+	if v.rule < 0 || v.rule >= len(s.rules) {
+		return Decision{Reason: "no policy decision: rule index out of range"}
+	}
+	d := Decision{Allow: true, Policy: s.rules[v.rule].name, Hostless: true}
+	for _, m := range v.matches {
+		if m[0] < 0 || m[0] >= len(s.rules) || m[1] < 0 || m[1] >= len(s.rules[m[0]].endpoints) {
+			return Decision{Reason: "no policy decision: endpoint index out of range"}
 		}
-		if ep.host == "" {
-			if len(ep.allowedIPs) == 0 {
-				continue
-			}
-		} else if !hostMatches(ep.host, r.Host) {
-			continue
-		} else {
-			hostless = false
+		ep := &s.rules[m[0]].endpoints[m[1]]
+		if m[0] == v.rule {
+			d.AllowedIPs = append(d.AllowedIPs, ep.allowedIPs...)
+			d.Hostless = d.Hostless && ep.host == ""
 		}
-		hit = true
-		ips = append(ips, ep.allowedIPs...)
 		if ep.l7 != nil {
-			l7 = append(l7, ep.l7)
+			d.l7 = append(d.l7, ep.l7)
 		}
 	}
-	return hit, ips, hostless, l7
-}
-
-func (ru *rule) binaryAllowed(r Request) bool {
-	for _, b := range ru.binaries {
-		if r.Exe != "" && binaryMatches(b, r.Exe) {
-			return true
-		}
-		for _, a := range r.Ancestors {
-			if binaryMatches(b, a) {
-				return true
-			}
-		}
-	}
-	return false
+	return d
 }

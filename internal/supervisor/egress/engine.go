@@ -1,0 +1,243 @@
+package egress
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage/inmem"
+)
+
+// policyRego is the connection decision (policy.rego), evaluated by the
+// Open Policy Agent library.
+//
+//go:embed policy.rego
+var policyRego string
+
+// decisionQuery is the one query prepared per policy generation.
+const decisionQuery = "data.openshell.egress.decision"
+
+// engine is the prepared Rego decision of one policy generation: the
+// module compiled and the generation's rules stored as the base document
+// data.network_policies, once. Eval is safe for concurrent use.
+type engine struct {
+	query rego.PreparedEvalQuery
+}
+
+// newEngine compiles module (policyRego outside tests) against the rules
+// of one generation.
+func newEngine(module string, rules []rule) (*engine, error) {
+	store := inmem.NewFromASTObject(ast.NewObject(
+		ast.Item(ast.InternedTerm("egress"), ast.NewTerm(regoData(rules))),
+	))
+	q, err := rego.New(
+		rego.Query(decisionQuery),
+		rego.Module("policy.rego", module),
+		rego.Store(store),
+		rego.StrictBuiltinErrors(true),
+	).PrepareForEval(context.Background())
+	if err != nil {
+		return nil, fmt.Errorf("policy engine: %w", err)
+	}
+	return &engine{query: q}, nil
+}
+
+// regoData is data.egress (see policy.rego): the rules in Snapshot order
+// with their binaries split into exact paths and patterns, and the
+// endpoints the snapshot kept grouped by port and by exact host, as
+// [rule index, endpoint index] pairs (indices of Snapshot.rules). It is a
+// lookup form of the policy, not a decision: every match is Rego's.
+func regoData(rules []rule) ast.Object {
+	type portIndex struct {
+		exact, globs      map[string][]*ast.Term
+		anyHost, hostless []*ast.Term
+	}
+	ports := map[uint32]*portIndex{}
+	rulesOut := make([]*ast.Term, 0, len(rules))
+	for i, r := range rules {
+		for j, ep := range r.endpoints {
+			at := ast.ArrayTerm(ast.InternedTerm(i), ast.InternedTerm(j))
+			host := strings.ToLower(ep.host)
+			for _, p := range ep.ports {
+				x := ports[p]
+				if x == nil {
+					x = &portIndex{exact: map[string][]*ast.Term{}, globs: map[string][]*ast.Term{}}
+					ports[p] = x
+				}
+				switch {
+				case host == "" && len(ep.allowedIPs) > 0:
+					x.hostless = append(x.hostless, at)
+				case host == "":
+				case host == "*" || host == "**":
+					x.anyHost = append(x.anyHost, at)
+				case strings.Contains(host, "*"):
+					x.globs[globPattern(host)] = append(x.globs[globPattern(host)], at)
+				default:
+					x.exact[host] = append(x.exact[host], at)
+				}
+			}
+		}
+		exact := ast.NewObject()
+		var globs []*ast.Term
+		for _, b := range r.binaries {
+			if strings.Contains(b, "*") {
+				globs = append(globs, ast.StringTerm(globPattern(b)))
+			} else {
+				exact.Insert(ast.StringTerm(b), ast.InternedTerm(true))
+			}
+		}
+		rulesOut = append(rulesOut, ast.ObjectTerm(
+			ast.Item(ast.InternedTerm("name"), ast.StringTerm(r.name)),
+			ast.Item(ast.InternedTerm("exact_binaries"), ast.NewTerm(exact)),
+			ast.Item(ast.InternedTerm("glob_binaries"), ast.ArrayTerm(globs...)),
+		))
+	}
+	portsOut := ast.NewObject()
+	for p, x := range ports {
+		portsOut.Insert(ast.StringTerm(strconv.FormatUint(uint64(p), 10)), ast.ObjectTerm(
+			ast.Item(ast.InternedTerm("exact_hosts"), ast.NewTerm(termLists(x.exact))),
+			ast.Item(ast.InternedTerm("glob_hosts"), ast.NewTerm(termLists(x.globs))),
+			ast.Item(ast.InternedTerm("any_host"), ast.ArrayTerm(x.anyHost...)),
+			ast.Item(ast.InternedTerm("hostless"), ast.ArrayTerm(x.hostless...)),
+		))
+	}
+	return ast.NewObject(
+		ast.Item(ast.InternedTerm("rules"), ast.ArrayTerm(rulesOut...)),
+		ast.Item(ast.InternedTerm("ports"), ast.NewTerm(portsOut)),
+	)
+}
+
+// termLists is m as an object of arrays.
+func termLists(m map[string][]*ast.Term) ast.Object {
+	obj := ast.NewObject()
+	for k, ts := range m {
+		obj.Insert(ast.StringTerm(k), ast.ArrayTerm(ts...))
+	}
+	return obj
+}
+
+// globPattern escapes, in an entry containing '*', every glob meta
+// character of OPA's glob.match but '*': policies know only "*" and "**"
+// as wildcards, so "?", "[...]", "{a,b}" and "\" match themselves. An
+// entry without '*' is compared exactly and left as written.
+func globPattern(s string) string {
+	if !strings.Contains(s, "*") || !strings.ContainsAny(s, `?[]{}\`) {
+		return s
+	}
+	var b strings.Builder
+	for _, c := range []byte(s) {
+		if strings.IndexByte(`?[]{}\`, c) >= 0 {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}
+
+// verdict is the engine's decision: allow with the first allowing rule and
+// every [rule, endpoint] match of the allowing rules, or the denial reason.
+type verdict struct {
+	allow   bool
+	rule    int
+	matches [][2]int // ascending
+	reason  string
+}
+
+var errNoDecision = errors.New("the policy engine returned no decision")
+
+// keepAST returns results as AST terms: the decision is read without a
+// round trip through JSON-like Go values.
+func keepAST(t *ast.Term, _ *rego.EvalContext) (any, error) { return t, nil }
+
+// eval decides r. Any error (evaluation error, undefined or malformed
+// result) is returned, and the caller denies.
+func (e *engine) eval(r Request) (verdict, error) {
+	anc := make([]*ast.Term, len(r.Ancestors))
+	for i, a := range r.Ancestors {
+		anc[i] = ast.StringTerm(a)
+	}
+	input := ast.NewObject(
+		ast.Item(ast.InternedTerm("host"), ast.StringTerm(r.Host)),
+		ast.Item(ast.InternedTerm("port"), ast.InternedTerm(int(r.Port))),
+		ast.Item(ast.InternedTerm("exe"), ast.StringTerm(r.Exe)),
+		ast.Item(ast.InternedTerm("ancestors"), ast.ArrayTerm(anc...)),
+	)
+	rs, err := e.query.Eval(context.Background(), rego.EvalParsedInput(input), rego.EvalGenerateJSON(keepAST))
+	if err != nil {
+		return verdict{}, err
+	}
+	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
+		return verdict{}, errNoDecision
+	}
+	t, _ := rs[0].Expressions[0].Value.(*ast.Term)
+	if t == nil {
+		return verdict{}, errNoDecision
+	}
+	return parseVerdict(t.Value)
+}
+
+// parseVerdict reads the decision object; anything unexpected is an error.
+func parseVerdict(v ast.Value) (verdict, error) {
+	obj, ok := v.(ast.Object)
+	if !ok {
+		return verdict{}, fmt.Errorf("policy engine: decision is %s, want an object", ast.ValueName(v))
+	}
+	allow, ok := objGet[ast.Boolean](obj, "allow")
+	if !ok {
+		return verdict{}, errors.New("policy engine: decision without allow")
+	}
+	if !allow {
+		reason, ok := objGet[ast.String](obj, "reason")
+		if !ok || reason == "" {
+			return verdict{}, errors.New("policy engine: denial without a reason")
+		}
+		return verdict{reason: string(reason)}, nil
+	}
+	rule, ok := getInt(obj.Get(ast.InternedTerm("rule")))
+	set, ok2 := objGet[ast.Set](obj, "matches")
+	if !ok || !ok2 || set.Len() == 0 {
+		return verdict{}, errors.New("policy engine: allow without its rule and matches")
+	}
+	d := verdict{allow: true, rule: rule, matches: make([][2]int, 0, set.Len())}
+	sorted := set.Sorted()
+	for k := range sorted.Len() {
+		a, ok := sorted.Elem(k).Value.(*ast.Array)
+		if !ok || a.Len() != 2 {
+			return verdict{}, errors.New("policy engine: malformed match")
+		}
+		i, ok1 := getInt(a.Elem(0))
+		j, ok2 := getInt(a.Elem(1))
+		if !ok1 || !ok2 {
+			return verdict{}, errors.New("policy engine: malformed match")
+		}
+		d.matches = append(d.matches, [2]int{i, j})
+	}
+	return d, nil
+}
+
+func objGet[T ast.Value](obj ast.Object, key string) (T, bool) {
+	var zero T
+	t := obj.Get(ast.InternedTerm(key))
+	if t == nil {
+		return zero, false
+	}
+	v, ok := t.Value.(T)
+	return v, ok
+}
+
+func getInt(t *ast.Term) (int, bool) {
+	if t == nil {
+		return 0, false
+	}
+	n, ok := t.Value.(ast.Number)
+	if !ok {
+		return 0, false
+	}
+	i, ok := n.Int()
+	return i, ok
+}

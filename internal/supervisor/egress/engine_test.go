@@ -1,0 +1,77 @@
+package egress
+
+import (
+	"strings"
+	"testing"
+
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+)
+
+// TestRegoDecisionAttacks runs host and binary tricks through the Rego
+// decision: each must be decided exactly as listed, with the reason.
+func TestRegoDecisionAttacks(t *testing.T) {
+	s := mustCompile(t, map[string]*sandboxv1.NetworkPolicyRule{
+		"one":   {Name: "one", Endpoints: []*sandboxv1.NetworkEndpoint{ep("*.example.com", 443)}, Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/*"}}},
+		"exact": {Name: "exact", Endpoints: []*sandboxv1.NetworkEndpoint{ep("API.Exact.ORG", 443)}, Binaries: []*sandboxv1.NetworkBinary{{Path: "/opt/*/tool"}}},
+		"empty": {Name: "empty", Endpoints: []*sandboxv1.NetworkEndpoint{ep("empty.test", 443)}, Binaries: []*sandboxv1.NetworkBinary{{Path: ""}}},
+		"metas": {Name: "metas", Endpoints: []*sandboxv1.NetworkEndpoint{ep("*.ex[a]mple.{net,org}", 443)}, Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/lib/py?*"}, {Path: "/srv/[ab]*"}}},
+	})
+	deniedHost := func(h string) string { return "endpoint " + h + ":443 is not allowed by any policy" }
+	runDecideCases(t, s, []decideCase{
+		{"one label", Request{Host: "api.example.com", Port: 443, Exe: "/usr/bin/curl"}, "one", ""},
+		{"suffix smuggled as labels", Request{Host: "evil.com.example.com", Port: 443, Exe: "/usr/bin/curl"}, "", deniedHost("evil.com.example.com")},
+		{"wildcard host as prefix of another domain", Request{Host: "api.example.com.evil.net", Port: 443, Exe: "/usr/bin/curl"}, "", deniedHost("api.example.com.evil.net")},
+		{"no label before the suffix", Request{Host: "example.com", Port: 443, Exe: "/usr/bin/curl"}, "", deniedHost("example.com")},
+		{"lookalike without dot", Request{Host: "evilexample.com", Port: 443, Exe: "/usr/bin/curl"}, "", deniedHost("evilexample.com")},
+		{"upper case and trailing dot", Request{Host: "API.EXAMPLE.COM.", Port: 443, Exe: "/usr/bin/curl"}, "one", ""},
+		{"two trailing dots", Request{Host: "api.example.com..", Port: 443, Exe: "/usr/bin/curl"}, "", deniedHost("api.example.com..")},
+		{"exact selector written upper case", Request{Host: "api.exact.org", Port: 443, Exe: "/opt/x/tool"}, "exact", ""},
+		{"binary glob across slash", Request{Host: "api.example.com", Port: 443, Exe: "/usr/bin/../../tmp/evil"}, "", "binary '/usr/bin/../../tmp/evil' not allowed in policy 'one'"},
+		{"binary glob one level deeper", Request{Host: "api.example.com", Port: 443, Exe: "/usr/bin/sub/curl"}, "", "binary '/usr/bin/sub/curl' not allowed in policy 'one'"},
+		{"middle binary glob across slash", Request{Host: "api.exact.org", Port: 443, Exe: "/opt/a/b/tool"}, "", "binary '/opt/a/b/tool' not allowed in policy 'exact'"},
+		{"host brackets are literal", Request{Host: "x.example.net", Port: 443, Exe: "/usr/lib/py?3"}, "", deniedHost("x.example.net")},
+		{"host braces are literal", Request{Host: "x.ex[a]mple.{net,org}", Port: 443, Exe: "/usr/lib/py?3"}, "metas", ""},
+		{"binary ? is literal", Request{Host: "x.ex[a]mple.{net,org}", Port: 443, Exe: "/usr/lib/pyx3"}, "", "binary '/usr/lib/pyx3' not allowed in policy 'metas'"},
+		{"binary class is literal", Request{Host: "x.ex[a]mple.{net,org}", Port: 443, Exe: "/srv/a1"}, "", "binary '/srv/a1' not allowed in policy 'metas'"},
+		{"binary class written literally", Request{Host: "x.ex[a]mple.{net,org}", Port: 443, Exe: "/srv/[ab]1"}, "metas", ""},
+		{"unidentified caller never matches an empty entry", Request{Host: "empty.test", Port: 443, Exe: "", Ancestors: []string{""}}, "", "binary '' not allowed in policy 'empty'"},
+	})
+}
+
+// TestRegoFailsClosed: a module that does not compile makes Compile fail
+// and the snapshot deny everything; an evaluation error, an undefined
+// decision or a malformed one is a denial naming the cause.
+func TestRegoFailsClosed(t *testing.T) {
+	rules := map[string]*sandboxv1.NetworkPolicyRule{"r": {Name: "r", Endpoints: []*sandboxv1.NetworkEndpoint{ep("api.example.com", 443)}, Binaries: []*sandboxv1.NetworkBinary{{Path: "/**"}}}}
+	req := Request{Host: "api.example.com", Port: 443, Exe: "/usr/bin/curl"}
+	tests := []struct {
+		name, module string
+		compileErr   bool
+		reason       string // substring of the denial
+	}{
+		{"does not compile", "package openshell.egress\n\ndecision := {\"allow\": true, \"rule\": undefined_var}\n", true, "no policy decision: policy engine: "},
+		{"evaluation error", "package openshell.egress\n\ndecision := {\"allow\": true, \"rule\": to_number(\"x\"), \"matches\": {[0, 0]}}\n", false, "eval_builtin_error: to_number"},
+		{"undefined", "package openshell.egress\n\ndecision := 1 if false\n", false, "no policy decision: the policy engine returned no decision"},
+		{"not an object", "package openshell.egress\n\ndecision := true\n", false, "no policy decision: policy engine: decision is boolean, want an object"},
+		{"allow without matches", "package openshell.egress\n\ndecision := {\"allow\": true, \"rule\": 0}\n", false, "no policy decision: policy engine: allow without its rule and matches"},
+		{"denial without reason", "package openshell.egress\n\ndecision := {\"allow\": false}\n", false, "no policy decision: policy engine: denial without a reason"},
+		{"rule out of range", "package openshell.egress\n\ndecision := {\"allow\": true, \"rule\": 7, \"matches\": {[7, 0]}}\n", false, "no policy decision: rule index out of range"},
+		{"endpoint out of range", "package openshell.egress\n\ndecision := {\"allow\": true, \"rule\": 0, \"matches\": {[0, 3]}}\n", false, "no policy decision: endpoint index out of range"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := compile(tt.module, rules)
+			if (err != nil) != tt.compileErr {
+				t.Fatalf("compile error = %v, want error %v", err, tt.compileErr)
+			}
+			d := s.Decide(req)
+			if d.Allow || !strings.Contains(d.Reason, tt.reason) {
+				t.Errorf("Decide = %+v, want a denial containing %q", d, tt.reason)
+			}
+		})
+	}
+	// The real module compiles and allows the same request.
+	if s, err := compile(policyRego, rules); err != nil || !s.Decide(req).Allow {
+		t.Fatalf("compile(policy.rego) = %v; want the request allowed", err)
+	}
+}
