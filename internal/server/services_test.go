@@ -60,7 +60,7 @@ func TestServiceHostsMTLS(t *testing.T) {
 	if code, body := get(t, plain, base, "sb--web.svc.test", nil); code != http.StatusOK || body != "app for "+auth.LocalDevSubject {
 		t.Errorf("plaintext service host = %d %q, want 200 from the app as the local user", code, body)
 	}
-	for _, path := range []string{"healthz", "readyz", "metrics", ".well-known/jwks.json"} {
+	for _, path := range []string{"healthz", "readyz", "metrics", ".well-known/jwks.json", ".well-known/openid-configuration"} {
 		if code, _ := get(t, plain, base+path, addr, nil); code != http.StatusNotFound {
 			t.Errorf("plaintext /%s = %d, want 404", path, code)
 		}
