@@ -141,12 +141,13 @@ func TestDiscoveryLeadsAVerifierToTheKey(t *testing.T) {
 
 // TestDiscoveryJWKSURI: jwks_uri is absolute and follows how the client
 // reached the gateway: the connection's scheme, the Host it sent, a
-// TLS-terminating proxy's X-Forwarded-Proto (http or https only).
+// TLS-terminating proxy's X-Forwarded-Proto (http or https only). No
+// client presents a credential; without a Host the request is refused.
 func TestDiscoveryJWKSURI(t *testing.T) {
 	f := newFixture(t)
 	_, addr := startServer(t, f.fullOptions(t, false))
 	plain := &http.Client{Timeout: 10 * time.Second}
-	tlsc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: f.clientTLS()}}
+	tlsc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: f.clientTLS()}} // no client certificate
 	t.Cleanup(tlsc.CloseIdleConnections)
 	for _, tc := range []struct {
 		name   string
@@ -156,7 +157,7 @@ func TestDiscoveryJWKSURI(t *testing.T) {
 		want   string
 	}{
 		{"plaintext", plain, "http", nil, "http://" + addr},
-		{"tls", tlsc, "https", nil, "https://" + addr},
+		{"tls without a client certificate", tlsc, "https", nil, "https://" + addr},
 		{"forwarded https", plain, "http", map[string]string{"X-Forwarded-Proto": "https, http"}, "https://" + addr},
 		{"forwarded junk ignored", plain, "http", map[string]string{"X-Forwarded-Proto": "javascript"}, "http://" + addr},
 		{"host header", plain, "http", map[string]string{"Host": "gateway.example:8443"}, "http://gateway.example:8443"},
