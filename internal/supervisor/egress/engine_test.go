@@ -2,6 +2,7 @@ package egress
 
 import (
 	"strings"
+	"sync"
 	"testing"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
@@ -74,4 +75,36 @@ func TestRegoFailsClosed(t *testing.T) {
 	if s, err := compile(policyRego, rules); err != nil || !s.Decide(req).Allow {
 		t.Fatalf("compile(policy.rego) = %v; want the request allowed", err)
 	}
+}
+
+// TestDecideConcurrent: one prepared generation decides from many
+// goroutines at once (the proxy's connections), each getting its own
+// answer (run with -race).
+func TestDecideConcurrent(t *testing.T) {
+	s := mustCompile(t, map[string]*sandboxv1.NetworkPolicyRule{
+		"a": {Name: "a", Endpoints: []*sandboxv1.NetworkEndpoint{ep("*.a.test", 443)}, Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/a"}}},
+		"b": {Name: "b", Endpoints: []*sandboxv1.NetworkEndpoint{ep("**.b.test", 443)}, Binaries: []*sandboxv1.NetworkBinary{{Path: "/opt/b/**"}}},
+	})
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 50 {
+				var req Request
+				var want string
+				switch (g + i) % 3 {
+				case 0:
+					req, want = Request{Host: "x.a.test", Port: 443, Exe: "/usr/bin/a"}, "a"
+				case 1:
+					req, want = Request{Host: "x.y.b.test", Port: 443, Exe: "/opt/b/bin/tool"}, "b"
+				default:
+					req = Request{Host: "x.y.b.test", Port: 443, Exe: "/usr/bin/a"}
+				}
+				if d := s.Decide(req); d.Policy != want || d.Allow != (want != "") {
+					t.Errorf("Decide(%+v) = %+v, want policy %q", req, d, want)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
