@@ -2,7 +2,6 @@ package interceptor
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -274,23 +273,4 @@ func start(t *testing.T, cfgs ...Config) *Runtime {
 	}
 	t.Cleanup(rt.Close)
 	return rt
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger writing from several
-// goroutines while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -162,7 +162,7 @@ func TestPostCommitObserves(t *testing.T) {
 		t.Run(tc.behavior, func(t *testing.T) {
 			f := startFake(t, manifest("", bind("observe", rpcCreateProvider, "fail_open", PostCommit)), tc.behavior, "")
 			reg := prometheus.NewRegistry()
-			var logs syncBuffer
+			var logs lockedBuffer
 			rt, err := Start(t.Context(), Options{Configs: []Config{config("observer", f)}, Logger: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: reg})
 			if err != nil {
 				t.Fatal(err)

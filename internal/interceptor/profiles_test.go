@@ -34,6 +34,20 @@ func providerStore(t *testing.T) *providers.Store {
 	return providers.NewStore(providers.Options{Objects: st, Keyring: k})
 }
 
+// catalogStore starts an interceptor "catalog" serving profiles (a JSON
+// array) and returns a provider store reading srcs, and the interceptor.
+func catalogStore(t *testing.T, profiles string, srcs ...ProfileSourceConfig) (*providers.Store, *fake) {
+	t.Helper()
+	f := startFake(t, `{"name":"catalog","providerProfiles":true}`, "allow", "", "-profiles", profiles)
+	ps, err := ProfileSources(srcs, start(t, config("catalog", f)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := providerStore(t)
+	s.SetProfileSources(ps)
+	return s, f
+}
+
 // TestProfileSourceOncePerRequest: a captured catalog fetches each source
 // once however many lookups the request makes; the next capture fetches
 // again; the debug line has the counts and no profile material.
@@ -85,15 +99,8 @@ func TestProfileSourceOncePerRequest(t *testing.T) {
 // (after normalization) fails every lookup.
 func TestProfileSourceDuplicateWithinSource(t *testing.T) {
 	two := strings.Replace(acmeProfiles, "}]}]", "}]},"+strings.TrimPrefix(strings.Replace(acmeProfiles, `"acme-api"`, `" ACME-API "`, 1), "["), 1)
-	f := startFake(t, `{"name":"catalog","providerProfiles":true}`, "allow", "", "-profiles", two)
-	rt := start(t, config("catalog", f))
-	ps, err := ProfileSources([]ProfileSourceConfig{{Type: "interceptor", Name: "catalog"}}, rt, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := providerStore(t)
-	s.SetProfileSources(ps)
-	_, err = s.Profile(t.Context(), "", "acme-api")
+	s, _ := catalogStore(t, two, ProfileSourceConfig{Type: "interceptor", Name: "catalog"})
+	_, err := s.Profile(t.Context(), "", "acme-api")
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "duplicate provider profile id 'acme-api' within source 'catalog'") {
 		t.Fatalf("Profile = %v, want FailedPrecondition naming the duplicate", err)
 	}
@@ -212,14 +219,7 @@ func TestProfileSourceFailures(t *testing.T) {
 // as it is, annotations included.
 func TestProfileSignatureNotVerified(t *testing.T) {
 	signed := strings.Replace(acmeProfiles, `"displayName"`, `"annotations":{"openshell.nvidia.com/profile-signature":"not-a-signature","openshell.nvidia.com/profile-hash":"sha256:0000"},"displayName"`, 1)
-	f := startFake(t, `{"name":"catalog","providerProfiles":true}`, "allow", "", "-profiles", signed)
-	rt := start(t, config("catalog", f))
-	ps, err := ProfileSources([]ProfileSourceConfig{{Type: "interceptor", Name: "catalog"}}, rt, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := providerStore(t)
-	s.SetProfileSources(ps)
+	s, _ := catalogStore(t, signed, ProfileSourceConfig{Type: "interceptor", Name: "catalog"})
 	p, err := s.Profile(t.Context(), "", "acme-api")
 	if err != nil {
 		t.Fatalf("Profile(acme-api) with an unverifiable signature annotation: %v", err)
@@ -233,14 +233,7 @@ func TestProfileSignatureNotVerified(t *testing.T) {
 // providers whose profiles an interceptor serves fetches that interceptor
 // once: one captured catalog per request.
 func TestProfileRulesOneCatalog(t *testing.T) {
-	f := startFake(t, `{"name":"catalog","providerProfiles":true}`, "allow", "", "-profiles", acmeProfiles)
-	rt := start(t, config("catalog", f))
-	ps, err := ProfileSources([]ProfileSourceConfig{{Type: "builtin"}, {Type: "interceptor", Name: "catalog"}}, rt, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := providerStore(t)
-	s.SetProfileSources(ps)
+	s, f := catalogStore(t, acmeProfiles, ProfileSourceConfig{Type: "builtin"}, ProfileSourceConfig{Type: "interceptor", Name: "catalog"})
 	for _, name := range []string{"acme-a", "acme-b"} {
 		if _, err := s.Create(t.Context(), "", &datamodelv1.Provider{Metadata: &datamodelv1.ObjectMeta{Name: name}, Type: "acme-api",
 			Credentials: map[string]string{"ACME_API_KEY": "acme-unit-secret"}}); err != nil {
