@@ -2,6 +2,7 @@ package gatewaytest
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -43,11 +44,32 @@ func TestSupervisorTracing(t *testing.T) {
 	rcv.WaitFor(t, 10*time.Second, "the gateway's GetSandboxConfig server span under the supervisor's", func(s telemetrytest.Span) bool {
 		return s.Service == "gw-e2e" && s.Name == sup.Name && s.ParentSpanID == sup.SpanID && s.TraceID == sup.TraceID
 	})
-	for _, m := range []string{"ConnectSupervisor", "RelayStream"} {
-		rcv.WaitFor(t, 30*time.Second, "the supervisor's "+m+" span", func(s telemetrytest.Span) bool {
-			return s.Service == "gw-e2e-sandbox" && s.Name == "openshell.v1.OpenShell/"+m
-		})
+	session := rcv.WaitFor(t, 30*time.Second, "the supervisor's ConnectSupervisor span", func(s telemetrytest.Span) bool {
+		return s.Service == "gw-e2e-sandbox" && s.Name == "openshell.v1.OpenShell/ConnectSupervisor"
+	})
+
+	// The exec's relay: the supervisor's relay span is a child of its
+	// session span, its RelayStream call a child of the relay span, the
+	// gateway's RelayStream span a child of that call and linked to the
+	// ExecSandbox span that asked for the relay.
+	exec := rcv.WaitFor(t, 10*time.Second, "the ExecSandbox server span", func(s telemetrytest.Span) bool {
+		return s.Service == "gw-e2e" && s.Name == "openshell.v1.OpenShell/ExecSandbox"
+	})
+	relay := rcv.WaitFor(t, 30*time.Second, "the supervisor's relay span under its session", func(s telemetrytest.Span) bool {
+		return s.Service == "gw-e2e-sandbox" && s.Name == "supervisor.Relay" && s.ParentSpanID == session.SpanID && s.TraceID == session.TraceID
+	})
+	call := rcv.WaitFor(t, 10*time.Second, "the supervisor's RelayStream span under the relay span", func(s telemetrytest.Span) bool {
+		return s.Service == "gw-e2e-sandbox" && s.Name == "openshell.v1.OpenShell/RelayStream" && s.ParentSpanID == relay.SpanID && s.TraceID == relay.TraceID
+	})
+	// The gateway's span of the RelayStream covers its life (the gateway
+	// may keep the relay for more calls): deleting the sandbox ends it.
+	if _, err := c.DeleteSandbox(ctx, &openshellv1.DeleteSandboxRequest{Name: "traced"}); err != nil {
+		t.Fatal(err)
 	}
+	rcv.WaitFor(t, 30*time.Second, "the gateway's RelayStream span under the supervisor's, linked to the exec", func(s telemetrytest.Span) bool {
+		return s.Service == "gw-e2e" && s.Name == call.Name && s.ParentSpanID == call.SpanID && s.TraceID == call.TraceID &&
+			slices.Contains(s.Links, exec.TraceID+"/"+exec.SpanID)
+	})
 }
 
 // TestSupervisorTracingOff: without [openshell.gateway.otlp] the

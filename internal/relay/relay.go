@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/auth"
@@ -295,6 +296,10 @@ type pending struct {
 	sandboxID string
 	target    RelayTarget
 	created   time.Time
+	// requester is the span of the call that opened the relay (an exec,
+	// SSH or forward RPC); the RelayStream call that claims the channel
+	// links its span to it.
+	requester trace.SpanContext
 	done      chan struct{}
 	conn      *Conn
 	err       error
@@ -598,6 +603,7 @@ func (r *Registry) OpenRelay(ctx context.Context, sandboxID string, target Relay
 		sandboxID: sandboxID,
 		target:    target,
 		created:   time.Now(),
+		requester: trace.SpanContextFromContext(ctx),
 		done:      make(chan struct{}),
 	}
 	r.mu.Lock()
@@ -691,6 +697,12 @@ func (r *Registry) HandleRelayStream(stream openshellv1.OpenShell_RelayStreamSer
 	r.active[channelID] = c
 	r.resolveLocked(channelID, p, c, nil)
 	r.mu.Unlock()
+	if p.requester.IsValid() {
+		// RelayOpen carries no trace context (OpenShell's wire), so the
+		// supervisor's call continues its own trace; the link joins it
+		// to the RPC that asked for the relay.
+		trace.SpanFromContext(ctx).AddLink(trace.Link{SpanContext: p.requester})
+	}
 	defer func() {
 		r.mu.Lock()
 		delete(r.active, channelID)

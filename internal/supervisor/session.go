@@ -11,8 +11,11 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/telemetry"
 )
 
 // relayChunk is the largest data payload the supervisor puts in one frame.
@@ -73,6 +76,10 @@ func (s *sessionClient) run(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	// Each relay's span is a child of the session's ConnectSupervisor
+	// span (the stream's context holds it when tracing is on), so the
+	// relays of a session share its trace.
+	relayCtx = trace.ContextWithSpanContext(relayCtx, trace.SpanContextFromContext(stream.Context()))
 	var sendMu sync.Mutex
 	send := func(m *openshellv1.SupervisorMessage) error {
 		sendMu.Lock()
@@ -258,6 +265,17 @@ func (s *sessionClient) dialTarget(ctx context.Context, ro *openshellv1.RelayOpe
 // serveRelay dials the target, reports the result and pumps bytes over a
 // new RelayStream call.
 func (s *sessionClient) serveRelay(ctx context.Context, log *slog.Logger, ro *openshellv1.RelayOpen, send func(*openshellv1.SupervisorMessage) error) {
+	// The relay's span covers its setup (dialing the target, opening and
+	// claiming the RelayStream), not its life: a relay the gateway keeps
+	// open would hold its span back from export.
+	ctx, end := telemetry.StartOperation(ctx, "supervisor.Relay")
+	var relayErr error
+	ended := false
+	defer func() {
+		if !ended {
+			end(relayErr)
+		}
+	}()
 	log = log.With("channel_id", ro.GetChannelId())
 	result := func(err error) {
 		r := &openshellv1.RelayOpenResult{ChannelId: ro.GetChannelId(), Success: err == nil}
@@ -270,6 +288,7 @@ func (s *sessionClient) serveRelay(ctx context.Context, log *slog.Logger, ro *op
 	if err != nil {
 		log.Warn("relay target refused", "err", err)
 		result(err)
+		relayErr = err
 		return
 	}
 	defer target.Close()
@@ -282,10 +301,13 @@ func (s *sessionClient) serveRelay(ctx context.Context, log *slog.Logger, ro *op
 	}
 	if err != nil {
 		log.Warn("relay stream failed to open", "err", err)
-		result(fmt.Errorf("open relay stream: %w", err))
+		relayErr = fmt.Errorf("open relay stream: %w", err)
+		result(relayErr)
 		return
 	}
 	result(nil)
+	ended = true
+	end(nil)
 	pumpRelay(rs, target)
 	log.Debug("relay closed")
 }

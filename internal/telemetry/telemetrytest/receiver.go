@@ -27,6 +27,8 @@ type Span struct {
 	StatusCode   tracepb.Status_StatusCode
 	Attrs        map[string]string
 	Service      string
+	// Links are the linked spans, as "traceid/spanid".
+	Links []string
 }
 
 // Receiver collects spans. Safe for concurrent use.
@@ -67,11 +69,20 @@ func (r *Receiver) Export(_ context.Context, req *coltracepb.ExportTraceServiceR
 					Name: s.GetName(), TraceID: hex.EncodeToString(s.GetTraceId()), SpanID: hex.EncodeToString(s.GetSpanId()),
 					ParentSpanID: hex.EncodeToString(s.GetParentSpanId()), Kind: s.GetKind(),
 					StatusCode: s.GetStatus().GetCode(), Attrs: str(s.GetAttributes()), Service: service,
+					Links: links(s.GetLinks()),
 				})
 			}
 		}
 	}
 	return &coltracepb.ExportTraceServiceResponse{}, nil
+}
+
+func links(ls []*tracepb.Span_Link) []string {
+	var out []string
+	for _, l := range ls {
+		out = append(out, hex.EncodeToString(l.GetTraceId())+"/"+hex.EncodeToString(l.GetSpanId()))
+	}
+	return out
 }
 
 func str(kvs []*commonpb.KeyValue) map[string]string {
