@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -107,4 +108,39 @@ func TestDecideConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// TestDecideAcrossRules: when several rules match, the one with the
+// smallest name (not map key) names the decision and alone gives its
+// allowed_ips; the REST endpoints of every rule allowing the caller
+// apply, and none of a rule whose binaries deny it. A denial for the
+// binary names the smallest rule whose endpoint matched.
+func TestDecideAcrossRules(t *testing.T) {
+	rest := func(allowIPs ...string) *sandboxv1.NetworkEndpoint {
+		return restEP(func(e *sandboxv1.NetworkEndpoint) {
+			e.AllowedIps = allowIPs
+			e.Rules = []*sandboxv1.L7Rule{allow("GET", "/**", nil)}
+		})
+	}
+	curl := []*sandboxv1.NetworkBinary{{Path: "/usr/bin/curl"}}
+	s := mustCompile(t, map[string]*sandboxv1.NetworkPolicyRule{
+		"k1": {Name: "b-rest", Endpoints: []*sandboxv1.NetworkEndpoint{rest("10.0.0.0/8")}, Binaries: curl},
+		"k2": {Name: "a-first", Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "api.example.com", Port: 80, AllowedIps: []string{"192.168.1.0/24"}}, ep("other.example.com", 80)},
+			Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/*"}}},
+		"k0": {Name: "c-wget", Endpoints: []*sandboxv1.NetworkEndpoint{rest()}, Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/wget"}}},
+	})
+	d := s.Decide(Request{Host: "api.example.com", Port: 80, Exe: "/usr/bin/curl"})
+	if !d.Allow || d.Policy != "a-first" || d.Hostless {
+		t.Fatalf("Decide(curl) = %+v, want allowed by a-first", d)
+	}
+	if len(d.AllowedIPs) != 1 || d.AllowedIPs[0] != netip.MustParsePrefix("192.168.1.0/24") {
+		t.Errorf("AllowedIPs = %v, want a-first's only", d.AllowedIPs)
+	}
+	if len(d.l7) != 1 || d.l7 != nil && d.l7[0] != s.rules[1].endpoints[0].l7 {
+		t.Errorf("l7 = %v, want b-rest's REST endpoint only (not c-wget's)", d.l7)
+	}
+	runDecideCases(t, s, []decideCase{
+		{"binary denied everywhere", Request{Host: "api.example.com", Port: 80, Exe: "/bin/ls"}, "", "binary '/bin/ls' not allowed in policy 'a-first'"},
+		{"wget, allowed by two rules", Request{Host: "api.example.com", Port: 80, Exe: "/usr/bin/wget"}, "a-first", ""},
+	})
 }
