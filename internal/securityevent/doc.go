@@ -14,7 +14,11 @@
 // command arguments, environments or request bodies.
 //
 // The gateway's gRPC interceptor produces the events from a table of RPCs
-// (see ObserveRPC); other code emits through the Emitter interface. A Log is safe
+// (see ObserveRPC); the log service turns the egress and inference decision
+// lines a sandbox's supervisor pushes into events whose subject is that
+// sandbox (see FromSandboxLog: Network Activity, HTTP Activity and
+// Detection Findings for SSRF blocks and credential endpoint mismatches);
+// other code emits through the Emitter interface. A Log is safe
 // for concurrent use; a write error drops the event and counts it in
 // openshell_security_events_dropped_total, it never fails the RPC.
 package securityevent
