@@ -299,6 +299,12 @@ func wsEchoRoundTrip(t *testing.T, addr, host string) {
 	if resp.StatusCode != http.StatusSwitchingProtocols || resp.Header.Get("Sec-WebSocket-Accept") != base64.StdEncoding.EncodeToString(sum[:]) {
 		t.Fatalf("upgrade = %s %v, want 101 with the accept key", resp.Status, resp.Header)
 	}
+	wsEcho(t, conn, br)
+}
+
+// wsEcho writes a masked text frame to w and checks that r brings it back.
+func wsEcho(t *testing.T, w io.Writer, br io.Reader) {
+	t.Helper()
 	msg := []byte("hello through the relay")
 	mask := [4]byte{1, 2, 3, 4}
 	frame := []byte{0x81, 0x80 | byte(len(msg))}
@@ -306,7 +312,7 @@ func wsEchoRoundTrip(t *testing.T, addr, host string) {
 	for i, b := range msg {
 		frame = append(frame, b^mask[i%4])
 	}
-	if _, err := conn.Write(frame); err != nil {
+	if _, err := w.Write(frame); err != nil {
 		t.Fatal(err)
 	}
 	var h [2]byte

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -158,7 +159,24 @@ func readAtLeast(r io.Reader, buf []byte, n int) ([]byte, error) {
 // default RFC 9218 scheduler), and grpc-go never used them. Announcing the
 // same value here keeps the second SETTINGS frame from being a change,
 // which nghttp2 (curl) answers with GOAWAY PROTOCOL_ERROR.
-var earlySettings = []http2.Setting{{ID: http2.SettingNoRFC7540Priorities, Val: 1}}
+//
+// When the HTTP/2 server accepts extended CONNECT (RFC 8441, WebSocket
+// over HTTP/2), the early frame says so too: clients decide from the
+// first SETTINGS frame whether they may use it (Go's client waits for that
+// frame and never looks again). grpc-go does not send the setting, which
+// is no change either.
+var earlySettings = func() []http2.Setting {
+	s := []http2.Setting{{ID: http2.SettingNoRFC7540Priorities, Val: 1}}
+	if ExtendedConnect {
+		s = append(s, http2.Setting{ID: http2.SettingEnableConnectProtocol, Val: 1})
+	}
+	return s
+}()
+
+// ExtendedConnect reports whether the HTTP/2 server accepts extended
+// CONNECT: golang.org/x/net/http2 turns it on only for a process started
+// with GODEBUG=http2xconnect=1, read once at start the same way.
+var ExtendedConnect = strings.Contains(os.Getenv("GODEBUG"), "http2xconnect=1")
 
 // sniffHTTP2 sends earlySettings (clients such as grpc-go wait for the
 // server's preface before they send a request), then reads frames

@@ -28,8 +28,8 @@ const relayHostSuffix = ".relay.invalid"
 // that the caller (the principal the server put in the request context)
 // may see the sandbox, then proxies the request over a supervisor relay
 // to 127.0.0.1:<target port> inside the sandbox. HTTP/1.1 and HTTP/2
-// clients, streamed responses and WebSocket upgrades (HTTP/1.1) pass
-// through. Connections to a sandbox's port are pooled. Close ends them.
+// clients, streamed responses and WebSocket upgrades (HTTP/1.1, and
+// HTTP/2 extended CONNECT when the server allows it) pass through. Connections to a sandbox's port are pooled. Close ends them.
 type Router struct {
 	s     *Service
 	log   *slog.Logger
@@ -159,11 +159,15 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		plain(w, http.StatusBadGateway, "Service endpoint is not reachable")
 		return
 	}
-	out := req.WithContext(context.WithValue(req.Context(), upstreamKey{}, upstream{
+	u := upstream{
 		host: sb.GetMetadata().GetId() + relayHostSuffix + ":" + strconv.FormatUint(uint64(ep.GetTargetPort()), 10),
 		port: ep.GetTargetPort(),
-	}))
-	r.proxy.ServeHTTP(w, out)
+	}
+	if isH2WebSocket(req) {
+		r.serveH2WebSocket(w, req, u)
+		return
+	}
+	r.proxy.ServeHTTP(w, req.WithContext(context.WithValue(req.Context(), upstreamKey{}, u)))
 }
 
 // resolve loads the endpoint of t after the membership check; a refusal
