@@ -312,6 +312,9 @@ func enterSandboxRoot(cfg *Config) error {
 	if err := populateRoot(root, wsFD, gwFD); err != nil {
 		return step("populate", err)
 	}
+	if cfg.beforePivot != nil {
+		cfg.beforePivot()
+	}
 	if err := pivotInto(root); err != nil {
 		return step("pivot", err)
 	}

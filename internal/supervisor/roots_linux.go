@@ -27,11 +27,16 @@ var (
 	rootDirs = []string{"/etc/ssl/certs", "/etc/pki/tls/certs"}
 )
 
-// pendingRoots is the upstream root pool being parsed in the background.
+// pendingRoots is the upstream root pool being read and parsed in the
+// background.
 type pendingRoots struct {
-	done chan struct{}
+	read chan struct{} // closed once the files are read
+	done chan struct{} // closed once pool is set
 	pool *x509.CertPool
 }
+
+// waitRead returns once the files are read: a pivot_root may follow.
+func (p *pendingRoots) waitRead() { <-p.read }
 
 // wait returns the pool once it is parsed.
 func (p *pendingRoots) wait() *x509.CertPool {
@@ -40,15 +45,15 @@ func (p *pendingRoots) wait() *x509.CertPool {
 }
 
 // loadUpstreamRoots reads the certificates of the system pool
-// (x509.SystemCertPool's sources, so the same set) and of the test-only
-// CA file now, before a pivot_root changes what those paths name, and
-// parses them in the background. x509.SystemCertPool parses every file of
+// (x509.SystemCertPool's sources, so the same set) in the background,
+// and parses them there; the caller waits for the reading (waitRead)
+// before a pivot_root changes what those paths name. The test-only CA
+// file is read and parsed now. x509.SystemCertPool parses every file of
 // /etc/ssl/certs, where the bundle and each of its certificates sit
 // side by side, so it parses each root two or three times (8-25 ms per
 // supervisor start); here a certificate is parsed once. A test CA file
 // that cannot be read or holds no certificate is an error now.
 func loadUpstreamRoots(testCAFile string) (*pendingRoots, error) {
-	ders := systemRootDERs(os.Getenv("SSL_CERT_FILE"), os.Getenv("SSL_CERT_DIR"))
 	var test []*x509.Certificate
 	if testCAFile != "" {
 		b, err := os.ReadFile(testCAFile)
@@ -64,9 +69,12 @@ func loadUpstreamRoots(testCAFile string) (*pendingRoots, error) {
 			return nil, fmt.Errorf("%s: %s holds no PEM certificate", EnvEgressTestCAFile, testCAFile)
 		}
 	}
-	p := &pendingRoots{done: make(chan struct{})}
+	p := &pendingRoots{read: make(chan struct{}), done: make(chan struct{})}
+	certFile, certDir := os.Getenv("SSL_CERT_FILE"), os.Getenv("SSL_CERT_DIR")
 	go func() {
 		defer close(p.done)
+		ders := systemRootDERs(certFile, certDir)
+		close(p.read)
 		pool := x509.NewCertPool()
 		for _, der := range ders {
 			if c, err := x509.ParseCertificate(der); err == nil {

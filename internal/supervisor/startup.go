@@ -1,6 +1,10 @@
 package supervisor
 
-import "time"
+import (
+	"runtime/debug"
+	"sync"
+	"time"
+)
 
 // startupClock times the steps of a supervisor start (logged at debug
 // level as "supervisor startup" once the SSH server runs; the gateway
@@ -22,7 +26,34 @@ func (c *startupClock) mark(step string) {
 	c.last = now
 }
 
+// note records d as step, a step that ran alongside the others.
+func (c *startupClock) note(step string, d time.Duration) {
+	c.attrs = append(c.attrs, step, d.Round(time.Microsecond))
+}
+
 // fields are the recorded steps and the total, as slog key-value pairs.
 func (c *startupClock) fields() []any {
 	return append(c.attrs, "total", c.last.Sub(c.start).Round(time.Microsecond))
+}
+
+// gcResumeAfter is how long after its SSH server started the supervisor
+// collects again without an accepted session.
+const gcResumeAfter = 5 * time.Second
+
+// startupMemoryLimit bounds the heap while deferGC holds collection off.
+const startupMemoryLimit = 64 << 20
+
+// deferGC turns the garbage collector off for the start (a few MB of
+// short-lived data: CA roots, TLS, protobuf; two or three collections
+// on the critical path otherwise), with a memory limit that collects
+// anyway past startupMemoryLimit. The returned function restores the
+// previous settings (GOGC, GOMEMLIMIT); calling it again does nothing.
+func deferGC() (resume func()) {
+	limit := debug.SetMemoryLimit(-1)
+	pct := debug.SetGCPercent(-1)
+	debug.SetMemoryLimit(min(limit, startupMemoryLimit))
+	return sync.OnceFunc(func() {
+		debug.SetGCPercent(pct)
+		debug.SetMemoryLimit(limit)
+	})
 }

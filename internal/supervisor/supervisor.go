@@ -142,6 +142,7 @@ type Config struct {
 	credentials   egress.Credentials // set by Serve: the provider placeholder resolver
 	egressMetrics *egress.Metrics    // set by Serve: the proxy's decision counters
 	policyLocal   *policyLocal       // set by Serve: serves policy.local through the proxy
+	beforePivot   func()             // set by Serve: called before enterSandboxRoot's pivot_root
 
 	k8sSAToken string // preloaded from K8sSATokenFile
 }
@@ -375,6 +376,9 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	gcResume := deferGC()
+	defer gcResume()
+	hostKey := generateHostKey()
 	// Everything read from the filesystem before the namespace setup (which
 	// may hide /tmp behind a private tmpfs) is read now: credentials, TLS
 	// material, and a handle on the gateway socket's directory.
@@ -383,12 +387,14 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	}
 	// The roots terminated TLS is verified against upstream: the
 	// supervisor's system roots (a root filesystem pivoted into later
-	// does not change them), read now and parsed in the background until
-	// the egress proxy starts.
+	// does not change them), read in the background while the sandbox
+	// root is assembled (the pivot waits for the reading) and parsed
+	// until the egress proxy starts.
 	roots, err := loadUpstreamRoots(cfg.EgressTestCAFile)
 	if err != nil {
 		return err
 	}
+	cfg.beforePivot = roots.waitRead
 	startup.mark("roots")
 	// Before anything can inherit it.
 	dialer, err := takeEgressDialer(&cfg)
@@ -493,14 +499,25 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	}
 	pl := newPolicyLocal(ctx, log.With("component", "policy.local"), client, cfg.SandboxName)
 	cfg.policyLocal = pl
-	cfg.upstreamRoots = roots.wait()
-	eg = startEgress(ctx, log.With("component", "egress"), cfg, dialer, &wg)
-	defer eg.close()
-	startup.mark("egress")
-	inferenceReady := pollInference(ctx, &wg, conn, eg.inference)
-	cfg.agentEnv = eg.env
+	// The egress proxy starts (its roots parsed, its CA made) while the
+	// configuration is fetched; prepare waits for it. Serve's deferred
+	// calls wait for it before wg.Wait.
+	egReady := make(chan struct{})
+	ecfg := cfg
+	var inferenceReady func()
+	var egTook time.Duration
+	go func() {
+		defer close(egReady)
+		t0 := time.Now()
+		ecfg.upstreamRoots = roots.wait()
+		eg = startEgress(ctx, log.With("component", "egress"), ecfg, dialer, &wg)
+		egTook = time.Since(t0)
+		inferenceReady = pollInference(ctx, &wg, conn, eg.inference)
+	}()
+	defer func() { <-egReady; eg.close() }()
 	// policy.local reports a rule enforced once the proxy installed it.
 	prepare := func(p *sandboxv1.SandboxPolicy) (confErr, netErr error) {
+		<-egReady
 		confErr, netErr = prepareSandbox(agents, eg, p)
 		if netErr == nil {
 			pl.setPolicy(p)
@@ -520,6 +537,9 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		return err
 	}
 	startup.mark("config")
+	<-egReady // prepare waited for it, unless the gateway sent no policy
+	startup.note("egress", egTook)
+	cfg.agentEnv = eg.env
 	pl.setSettings(loaded.settings)
 	wg.Go(func() {
 		watchPolicy(ctx, log.With("component", "config"), client, cfg.SandboxID, loaded, policyPollInterval, reload, pl.setSettings)
@@ -552,7 +572,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("ssh server socket: %w", err)
 	}
-	srv, err := newSSHServer(log.With("component", "ssh"), procs, agents, cfg.WorkspaceDir, agentEnv, loginShell())
+	srv, err := newSSHServer(log.With("component", "ssh"), hostKey, procs, agents, cfg.WorkspaceDir, agentEnv, loginShell())
 	if err != nil {
 		ln.Close()
 		return err
@@ -561,6 +581,10 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	defer ln.Close()
 
 	startup.mark("ssh_server")
+	// Collection resumes once the gateway accepted the session (the
+	// sandbox is READY then), or after gcResumeAfter without one.
+	gcTimer := time.AfterFunc(gcResumeAfter, gcResume)
+	defer gcTimer.Stop()
 	log.Debug("supervisor startup", startup.fields()...)
 	sc := &sessionClient{
 		log:        log.With("component", "session"),
@@ -568,7 +592,12 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		sandboxID:  cfg.SandboxID,
 		instanceID: cfg.InstanceID,
 		sshSocket:  sockPath,
-		onAccepted: cfg.OnSessionAccepted,
+		onAccepted: func(id string) {
+			gcResume()
+			if cfg.OnSessionAccepted != nil {
+				cfg.OnSessionAccepted(id)
+			}
+		},
 	}
 	wg.Go(func() {
 		reconnectLoop(ctx, sc.log, newBackoff(cfg.ReconnectMin, cfg.ReconnectMax), sleepCtx, sc.run)
