@@ -679,6 +679,25 @@ func TestAllowAdoption(t *testing.T) {
 	}
 }
 
+// TestAllowUnauthenticatedUsers: server.auth.allowUnauthenticatedUsers is
+// rendered into [openshell.gateway.auth] (off by default); without it a
+// chart installed with no OIDC refuses every user RPC.
+func TestAllowUnauthenticatedUsers(t *testing.T) {
+	for _, tt := range []struct{ values, want string }{
+		{"", "allow_unauthenticated_users = false"},
+		{"server: {auth: {allowUnauthenticatedUsers: true}}", "allow_unauthenticated_users = true"},
+	} {
+		lines := section(t, gatewayTOML(t, mustRender(t, tt.values)), "openshell.gateway.auth")
+		if len(lines) != 1 || lines[0] != tt.want {
+			t.Errorf("values %q: [openshell.gateway.auth] = %q, want [%q]", tt.values, lines, tt.want)
+		}
+	}
+	_, err := render(t, `server: {auth: {allowUnauthenticatedUsers: "yes"}}`)
+	if err == nil || !strings.Contains(err.Error(), "server.auth.allowUnauthenticatedUsers must be true or false") {
+		t.Errorf("render(allowUnauthenticatedUsers: \"yes\") = %v, want the boolean error", err)
+	}
+}
+
 func TestInvalidValues(t *testing.T) {
 	tests := []struct{ name, values, want string }{
 		{"unknown workspace mode", "server: {drivers: {kubernetes: {workspaceMode: cluster}}}", `workspaceMode "cluster" is not one of shared, managed, operator`},

@@ -135,6 +135,9 @@ Usage: include "openshell.tomlNameList" (list "selectableServiceAccountNames" .V
 {{- if and (eq $k.workspaceMode "operator") (empty $k.allowedNamespaces) -}}
 {{- fail "server.drivers.kubernetes.allowedNamespaces must list at least one namespace in operator workspace mode" -}}
 {{- end -}}
+{{- if not (kindIs "bool" .Values.server.auth.allowUnauthenticatedUsers) -}}
+{{- fail (printf "server.auth.allowUnauthenticatedUsers must be true or false, not %q" (toString .Values.server.auth.allowUnauthenticatedUsers)) -}}
+{{- end -}}
 {{- if not (kindIs "bool" $k.allowAdoption) -}}
 {{- fail (printf "server.drivers.kubernetes.allowAdoption must be true or false, not %q" (toString $k.allowAdoption)) -}}
 {{- end -}}
