@@ -245,7 +245,15 @@ func start(ctx context.Context, dir, bin string, opts Options) (_ *Cluster, err 
 
 	users := opts.Users
 	var kubeletToken string
+	// Node mode gives each cluster its own pod and Service networks (a /24
+	// each, see startNode), so clusters on one machine do not collide.
+	serviceRange := "10.96.0.0/16"
+	var nodeID [4]byte
 	if opts.Node {
+		if _, err := rand.Read(nodeID[:]); err != nil {
+			return nil, err
+		}
+		serviceRange = nodeServiceRange(nodeID)
 		tok := make([]byte, 32)
 		if _, err := rand.Read(tok); err != nil {
 			return nil, err
@@ -295,7 +303,7 @@ func start(ctx context.Context, dir, bin string, opts Options) (_ *Cluster, err 
 		"--service-account-key-file=" + filepath.Join(dir, "sa.pub"),
 		"--service-account-signing-key-file=" + filepath.Join(dir, "sa.key"),
 		"--api-audiences=" + Issuer,
-		"--service-cluster-ip-range=10.96.0.0/16",
+		"--service-cluster-ip-range=" + serviceRange,
 		"--endpoint-reconciler-type=none",
 		"--enable-admission-plugins=NamespaceLifecycle,ServiceAccount",
 		"--disable-admission-plugins=DefaultStorageClass,StorageObjectInUseProtection,PersistentVolumeClaimResize,TaintNodesByCondition",
@@ -352,7 +360,7 @@ func start(ctx context.Context, dir, bin string, opts Options) (_ *Cluster, err 
 		if err != nil {
 			return nil, err
 		}
-		if err := c.startNode(ctx, nodeBin, kubeletToken); err != nil {
+		if err := c.startNode(ctx, nodeBin, kubeletToken, nodeID, apiPort); err != nil {
 			return nil, err
 		}
 	}

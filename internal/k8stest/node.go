@@ -46,8 +46,15 @@ type Node struct {
 	// reach this machine there, so a server the pods must reach (a gateway
 	// started by a test) listens on it.
 	IP string
+	// APIServiceIP is the kubernetes Service's address (the first of the
+	// cluster's Service range). The harness adds it to the bridge and relays
+	// port 443 there to the apiserver, so in-cluster clients in pods
+	// (KUBERNETES_SERVICE_HOST) reach it without a kube-proxy. Other
+	// Services have no proxy.
+	APIServiceIP string
 
 	bin        string
+	apiRelay   *Relay
 	cgroupRoot string
 	bridge     string
 	bridgeMade bool
@@ -101,4 +108,15 @@ func (c *Cluster) HostPathVolume(t testing.TB, name, size string) string {
 		t.Fatalf("k8stest: create persistentvolume %s: %v", name, err)
 	}
 	return dir
+}
+
+// nodeSubnets returns the pods' /24 and the Services' /24 of a node id.
+func nodeSubnets(id [4]byte) (pods, services string) {
+	a, b := 100+int(id[0])%100, int(id[1])
+	return fmt.Sprintf("10.%d.%d.0/24", a, b), fmt.Sprintf("10.%d.%d.0/24", a, b^0x80)
+}
+
+func nodeServiceRange(id [4]byte) string {
+	_, s := nodeSubnets(id)
+	return s
 }

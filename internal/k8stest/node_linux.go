@@ -5,10 +5,10 @@ package k8stest
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,22 +53,20 @@ func nodePreflight() (string, error) {
 // startNode starts containerd, imports the local images, then the
 // kube-controller-manager, kube-scheduler and kubelet, and waits for the
 // node to be Ready.
-func (c *Cluster) startNode(ctx context.Context, nodeBin, kubeletToken string) error {
-	id := make([]byte, 4)
-	if _, err := rand.Read(id); err != nil {
-		return err
-	}
-	hexID := hex.EncodeToString(id)
+func (c *Cluster) startNode(ctx context.Context, nodeBin, kubeletToken string, id [4]byte, apiPort int) error {
+	hexID := hex.EncodeToString(id[:])
 	dir := filepath.Join(c.Dir, "node")
+	pods, services := nodeSubnets(id)
 	n := &Node{
-		Name:       NodeName,
-		Dir:        dir,
-		cgroupRoot: "/k8stest-" + hexID,
-		bridge:     "osk" + hexID,
-		IP:         fmt.Sprintf("10.%d.%d.1", 100+int(id[0])%100, id[1]),
-		bin:        nodeBin,
+		Name:         NodeName,
+		Dir:          dir,
+		Subnet:       pods,
+		IP:           strings.TrimSuffix(pods, ".0/24") + ".1",
+		APIServiceIP: strings.TrimSuffix(services, ".0/24") + ".1",
+		cgroupRoot:   "/k8stest-" + hexID,
+		bridge:       "osk" + hexID,
+		bin:          nodeBin,
 	}
-	n.Subnet = strings.TrimSuffix(n.IP, ".1") + ".0/24"
 	n.ContainerdSocket = filepath.Join(dir, "containerd", "c.sock")
 	c.Node = n
 	for _, d := range []string{"containerd", "cni", "cni-ipam", "kubelet", "pod-logs", "volume-plugins", "images"} {
@@ -79,6 +77,8 @@ func (c *Cluster) startNode(ctx context.Context, nodeBin, kubeletToken string) e
 
 	// The pod network: a bridge on this machine only, created up front so
 	// the kubelet can take its address as the node IP (it refuses loopback).
+	// Pods get no default route: only the bridge's subnet and, through the
+	// bridge, the Service range (where the apiserver relay listens).
 	if err := run(ctx, "ip", "link", "add", n.bridge, "type", "bridge"); err != nil {
 		return err
 	}
@@ -89,15 +89,27 @@ func (c *Cluster) startNode(ctx context.Context, nodeBin, kubeletToken string) e
 	if err := run(ctx, "ip", "link", "set", n.bridge, "up"); err != nil {
 		return err
 	}
+	// The kubernetes Service's address, on the bridge, relayed to the
+	// apiserver (which listens on loopback; its serving certificate names
+	// the Service address).
+	if err := run(ctx, "ip", "addr", "add", n.APIServiceIP+"/32", "dev", n.bridge); err != nil {
+		return err
+	}
+	apiAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(apiPort))
+	relay, err := NewRelay(net.JoinHostPort(n.APIServiceIP, "443"), func() (string, error) { return apiAddr, nil })
+	if err != nil {
+		return fmt.Errorf("relay the apiserver to the kubernetes Service address: %w", err)
+	}
+	n.apiRelay = relay
 	cni := fmt.Sprintf(`{
   "cniVersion": "1.0.0",
   "name": "k8stest",
   "plugins": [{
     "type": "bridge", "bridge": %q, "isGateway": true, "ipMasq": false, "hairpinMode": true,
-    "ipam": {"type": "host-local", "ranges": [[{"subnet": %q, "gateway": %q}]], "dataDir": %q}
+    "ipam": {"type": "host-local", "ranges": [[{"subnet": %q, "gateway": %q}]], "routes": [{"dst": %q}], "dataDir": %q}
   }]
 }
-`, n.bridge, n.Subnet, n.IP, filepath.Join(dir, "cni-ipam"))
+`, n.bridge, n.Subnet, n.IP, services, filepath.Join(dir, "cni-ipam"))
 	if err := os.WriteFile(filepath.Join(dir, "cni", "10-k8stest.conflist"), []byte(cni), 0o644); err != nil {
 		return err
 	}
@@ -424,6 +436,9 @@ func (n *Node) stop() {
 	}
 	// Mounts under the node directory (pod volumes, rootfs, netns, shm).
 	unmountUnder(n.Dir)
+	if n.apiRelay != nil {
+		n.apiRelay.Close()
+	}
 	if n.bridgeMade {
 		_ = exec.Command("ip", "link", "del", n.bridge).Run()
 	}

@@ -9,7 +9,7 @@ import (
 
 func nodePreflight() (string, error) { return "", errors.New("node mode runs on Linux only") }
 
-func (c *Cluster) startNode(context.Context, string, string) error {
+func (c *Cluster) startNode(context.Context, string, string, [4]byte, int) error {
 	return errors.New("node mode runs on Linux only")
 }
 
