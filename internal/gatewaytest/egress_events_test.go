@@ -160,3 +160,23 @@ func TestEgressSecurityEvents(t *testing.T) {
 		}
 	}
 }
+
+// waitSandboxEvent polls the security event sink at path for up to 30 s
+// for a record of a sandbox's supervisor that match accepts.
+func waitSandboxEvent(t testing.TB, path string, match func(securityevent.Record) bool) securityevent.Record {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
+			var r securityevent.Record
+			if json.Unmarshal(line, &r) == nil && r.Metadata.Product.Name == securityevent.SandboxProduct && match(r) {
+				return r
+			}
+		}
+	}
+	t.Fatalf("no matching sandbox event in %s within 30s", path)
+	return securityevent.Record{}
+}

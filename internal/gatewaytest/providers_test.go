@@ -25,6 +25,7 @@ import (
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/securityevent"
 )
 
 // TestProviderPlaceholderInSandbox: a provider created through the real
@@ -170,7 +171,9 @@ func TestProviderCredentialResolution(t *testing.T) {
 	lo := fmt.Sprintf("127.%d.%d.%d", 1+mrand.IntN(254), 1+mrand.IntN(254), 1+mrand.IntN(254))
 	caFile := tlsUpstream(t, lo+":443", []string{"api.github.com"}, gh)
 	_, otherSeen, otherPort, otherPortN := recordingUpstream(t, false)
-	g := Start(t, Options{Env: []string{"OPENSHELL_EGRESS_TEST_HOSTS=api.github.com=" + lo + ",other.test=127.0.0.1", "OPENSHELL_EGRESS_TEST_CA_FILE=" + caFile}})
+	events := filepath.Join(TempDir(t), "events.jsonl")
+	g := Start(t, Options{Env: []string{"OPENSHELL_EGRESS_TEST_HOSTS=api.github.com=" + lo + ",other.test=127.0.0.1", "OPENSHELL_EGRESS_TEST_CA_FILE=" + caFile},
+		ExtraArgs: []string{"--security-event-sink", events}})
 	c := g.Client()
 	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
 	defer cancel()
@@ -264,6 +267,17 @@ func TestProviderCredentialResolution(t *testing.T) {
 		if s := fmt.Sprint(l.GetMessage(), l.GetFields()); strings.Contains(s, secret) || strings.Contains(s, "openshell:resolve:env") {
 			t.Errorf("a sandbox log line carries the value or a placeholder: %s", s)
 		}
+	}
+	// The mismatch is also a Detection Finding in the security event sink.
+	finding := waitSandboxEvent(t, events, func(r securityevent.Record) bool {
+		return r.FindingInfo != nil && r.FindingInfo.UID == securityevent.FindingCredentialMismatch &&
+			r.DstEndpoint != nil && r.DstEndpoint.Hostname == "other.test" && r.Unmapped["sandbox_id"] == id
+	})
+	if finding.ClassName != "Detection Finding" || finding.Action != "Denied" {
+		t.Errorf("credential mismatch finding = %+v", finding)
+	}
+	if data, err := os.ReadFile(events); err != nil || bytes.Contains(data, []byte(secret)) || bytes.Contains(data, []byte("openshell:resolve:")) {
+		t.Errorf("the event sink (err %v) carries the value or a placeholder", err)
 	}
 
 	if _, err := c.UpdateProvider(ctx, &openshellv1.UpdateProviderRequest{Provider: &datamodelv1.Provider{
