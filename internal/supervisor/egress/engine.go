@@ -11,6 +11,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
+	"github.com/open-policy-agent/opa/v1/topdown/cache"
 )
 
 // policyRego is the connection decision (policy.rego), evaluated by the
@@ -27,13 +28,24 @@ const decisionQuery = "data.openshell.egress.decision"
 // data.network_policies, once. Eval is safe for concurrent use.
 type engine struct {
 	query rego.PreparedEvalQuery
+	// globs is the generation's own cache of compiled glob patterns,
+	// when it has more than sharedGlobs (nil: OPA's shared cache).
+	globs cache.InterQueryValueCache
 }
+
+// sharedGlobs is how many glob patterns a generation may have before it
+// gets a cache of compiled patterns of its own: OPA keeps them in one
+// process-wide cache of 100, which a larger policy would thrash (every
+// evaluation compiling patterns again). Below it the shared cache is
+// cheaper (no per-lookup key conversion).
+const sharedGlobs = 48
 
 // newEngine compiles module (policyRego outside tests) against the rules
 // of one generation.
 func newEngine(module string, rules []rule) (*engine, error) {
+	data, patterns := regoData(rules)
 	store := inmem.NewFromASTObject(ast.NewObject(
-		ast.Item(ast.InternedTerm("egress"), ast.NewTerm(regoData(rules))),
+		ast.Item(ast.InternedTerm("egress"), ast.NewTerm(data)),
 	))
 	q, err := rego.New(
 		rego.Query(decisionQuery),
@@ -44,20 +56,29 @@ func newEngine(module string, rules []rule) (*engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policy engine: %w", err)
 	}
-	return &engine{query: q}, nil
+	e := &engine{query: q}
+	if patterns > sharedGlobs {
+		size := patterns + 16
+		e.globs = cache.NewInterQueryValueCache(context.Background(), &cache.Config{
+			InterQueryBuiltinValueCache: cache.InterQueryBuiltinValueCacheConfig{MaxNumEntries: &size},
+		})
+	}
+	return e, nil
 }
 
 // regoData is data.egress (see policy.rego): the rules in Snapshot order
 // with their binaries split into exact paths and patterns, and the
 // endpoints the snapshot kept grouped by port and by exact host, as
 // [rule index, endpoint index] pairs (indices of Snapshot.rules). It is a
-// lookup form of the policy, not a decision: every match is Rego's.
-func regoData(rules []rule) ast.Object {
+// lookup form of the policy, not a decision: every match is Rego's. It
+// also returns the number of glob patterns (host and binary) in it.
+func regoData(rules []rule) (ast.Object, int) {
 	type portIndex struct {
 		exact, globs      map[string][]*ast.Term
 		anyHost, hostless []*ast.Term
 	}
 	ports := map[uint32]*portIndex{}
+	patterns := 0
 	rulesOut := make([]*ast.Term, 0, len(rules))
 	for i, r := range rules {
 		for j, ep := range r.endpoints {
@@ -76,7 +97,11 @@ func regoData(rules []rule) ast.Object {
 				case host == "*" || host == "**":
 					x.anyHost = append(x.anyHost, at)
 				case strings.Contains(host, "*"):
-					x.globs[globPattern(host)] = append(x.globs[globPattern(host)], at)
+					g := globPattern(host)
+					if x.globs[g] == nil {
+						patterns++
+					}
+					x.globs[g] = append(x.globs[g], at)
 				default:
 					x.exact[host] = append(x.exact[host], at)
 				}
@@ -86,6 +111,7 @@ func regoData(rules []rule) ast.Object {
 		var globs []*ast.Term
 		for _, b := range r.binaries {
 			if strings.Contains(b, "*") {
+				patterns++
 				globs = append(globs, ast.StringTerm(globPattern(b)))
 			} else {
 				exact.Insert(ast.StringTerm(b), ast.InternedTerm(true))
@@ -109,7 +135,7 @@ func regoData(rules []rule) ast.Object {
 	return ast.NewObject(
 		ast.Item(ast.InternedTerm("rules"), ast.ArrayTerm(rulesOut...)),
 		ast.Item(ast.InternedTerm("ports"), ast.NewTerm(portsOut)),
-	)
+	), patterns
 }
 
 // termLists is m as an object of arrays.
@@ -167,7 +193,14 @@ func (e *engine) eval(r Request) (verdict, error) {
 		ast.Item(ast.InternedTerm("exe"), ast.StringTerm(r.Exe)),
 		ast.Item(ast.InternedTerm("ancestors"), ast.ArrayTerm(anc...)),
 	)
-	rs, err := e.query.Eval(context.Background(), rego.EvalParsedInput(input), rego.EvalGenerateJSON(keepAST))
+	var rs rego.ResultSet
+	var err error
+	if e.globs == nil {
+		rs, err = e.query.Eval(context.Background(), rego.EvalParsedInput(input), rego.EvalGenerateJSON(keepAST))
+	} else {
+		rs, err = e.query.Eval(context.Background(), rego.EvalParsedInput(input), rego.EvalGenerateJSON(keepAST),
+			rego.EvalInterQueryBuiltinValueCache(e.globs))
+	}
 	if err != nil {
 		return verdict{}, err
 	}

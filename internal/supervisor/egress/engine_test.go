@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 	"sync"
@@ -143,4 +144,29 @@ func TestDecideAcrossRules(t *testing.T) {
 		{"binary denied everywhere", Request{Host: "api.example.com", Port: 80, Exe: "/bin/ls"}, "", "binary '/bin/ls' not allowed in policy 'a-first'"},
 		{"wget, allowed by two rules", Request{Host: "api.example.com", Port: 80, Exe: "/usr/bin/wget"}, "a-first", ""},
 	})
+}
+
+// TestDecideLargePolicy: a generation with more glob patterns than OPA's
+// shared cache holds (its own cache of compiled patterns) decides like a
+// small one, for the last rule's patterns as for the first's.
+func TestDecideLargePolicy(t *testing.T) {
+	rules := map[string]*sandboxv1.NetworkPolicyRule{}
+	for i := range 60 {
+		r := fmt.Sprintf("r%02d", i)
+		rules[r] = &sandboxv1.NetworkPolicyRule{Name: r,
+			Endpoints: []*sandboxv1.NetworkEndpoint{ep("*."+r+".example.net", 443), ep("**."+r+".example.org", 443)},
+			Binaries:  []*sandboxv1.NetworkBinary{{Path: "/opt/" + r + "/**"}}}
+	}
+	s := mustCompile(t, rules)
+	if s.engine.globs == nil {
+		t.Fatal("180 patterns use the shared glob cache")
+	}
+	for range 2 { // compiled patterns, then cached ones
+		runDecideCases(t, s, []decideCase{
+			{"first rule", Request{Host: "a.r00.example.net", Port: 443, Exe: "/opt/r00/bin/x"}, "r00", ""},
+			{"last rule", Request{Host: "a.b.r59.example.org", Port: 443, Exe: "/opt/r59/x"}, "r59", ""},
+			{"one label only", Request{Host: "a.b.r59.example.net", Port: 443, Exe: "/opt/r59/x"}, "", "endpoint a.b.r59.example.net:443 is not allowed by any policy"},
+			{"other rule's binary", Request{Host: "a.r30.example.net", Port: 443, Exe: "/opt/r31/x"}, "", "binary '/opt/r31/x' not allowed in policy 'r30'"},
+		})
+	}
 }
