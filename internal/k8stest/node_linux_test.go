@@ -2,7 +2,19 @@
 
 package k8stest
 
-import "testing"
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
 
 func TestUnescapeMount(t *testing.T) {
 	if got := unescapeMount(`/tmp/a\040b/c`); got != "/tmp/a b/c" {
@@ -30,4 +42,98 @@ func TestCapEff(t *testing.T) {
 	if eff, _ := capEff("CapEff:\t000001fffeffffff\n"); eff&(1<<capSysResource) != 0 {
 		t.Error("CAP_SYS_RESOURCE reported present in 0x1fffeffffff")
 	}
+}
+
+// TestNodeTeardownLeavesNothing starts a node, runs a pod on it, stops the
+// cluster and checks that nothing of the node is left on the machine: no
+// process started for it (containerd, kubelet, shims), no mount under its
+// directory, no cgroup in any hierarchy (the v1 ones and the hybrid
+// "unified" one), no bridge, no kubernetes Service address.
+func TestNodeTeardownLeavesNothing(t *testing.T) {
+	bin, err := BinDir()
+	if err != nil {
+		unavailable(t, err)
+	}
+	if _, err := nodePreflight(); err != nil {
+		unavailable(t, err)
+	}
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	c, err := start(ctx, dir, bin, Options{Node: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			c.stop()
+		}
+	})
+	n := c.Node
+
+	const ns = "default"
+	if _, err := c.Clientset.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "runner"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "sleeper"},
+		Spec: corev1.PodSpec{
+			ServiceAccountName: "runner",
+			Containers: []corev1.Container{{
+				Name: "sleeper", Image: BusyboxImage, ImagePullPolicy: corev1.PullNever,
+				Command: []string{"/bin/sleep", "3600"},
+			}},
+		},
+	}
+	if _, err := c.Clientset.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := poll(ctx, func() (bool, error) {
+		p, err := c.Clientset.CoreV1().Pods(ns).Get(ctx, "sleeper", metav1.GetOptions{})
+		return err == nil && p.Status.Phase == corev1.PodRunning, nil
+	}); err != nil {
+		t.Fatalf("pod not Running: %v\n%s", err, c.logTails(20))
+	}
+
+	c.stop()
+	stopped = true
+
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(b), dir) {
+			t.Errorf("process %s left: %s", p.Name(), strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(unescapeMount(f[4]), dir) {
+				t.Errorf("mount left: %s", f[4])
+			}
+		}
+	}
+	// Every hierarchy, whatever the harness walks.
+	left, _ := filepath.Glob("/sys/fs/cgroup/*" + n.cgroupRoot)
+	if isDir("/sys/fs/cgroup" + n.cgroupRoot) {
+		left = append(left, "/sys/fs/cgroup"+n.cgroupRoot)
+	}
+	for _, d := range left {
+		t.Errorf("cgroup left: %s", d)
+	}
+	if err := exec.Command("ip", "link", "show", n.bridge).Run(); err == nil {
+		t.Errorf("bridge %s left", n.bridge)
+	}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if strings.HasPrefix(a.String(), n.APIServiceIP+"/") || strings.HasPrefix(a.String(), n.IP+"/") {
+				t.Errorf("address %s left", a)
+			}
+		}
+	}
+}
+
+func isDir(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.IsDir()
 }
