@@ -25,7 +25,7 @@ const decisionQuery = "data.openshell.egress.decision"
 
 // engine is the prepared Rego decision of one policy generation: the
 // module compiled and the generation's rules stored as the base document
-// data.network_policies, once. Eval is safe for concurrent use.
+// data.egress, once. eval is safe for concurrent use.
 type engine struct {
 	query rego.PreparedEvalQuery
 	// globs is the generation's own cache of compiled glob patterns,
