@@ -374,6 +374,14 @@ func TestServiceOIDCLogin(t *testing.T) {
 			t.Errorf("callback with a wrong-audience ID token = %d %q, want 401 and no session", cb.StatusCode, body)
 		}
 	})
+	t.Run("headless chromium", func(t *testing.T) {
+		// A real browser through the whole login: the redirects, the
+		// login cookie across the issuer's site, the continue page on
+		// the plaintext path (whose next request must pass the
+		// cross-origin checks), and the app's script.
+		chromiumDOM(t, pageURL)
+		chromiumDOM(t, "https://"+host+"/", "--ignore-certificate-errors")
+	})
 	t.Run("no secret in the logs", func(t *testing.T) {
 		logs := g.Logs()
 		for _, s := range append(is.Secrets(), sessions...) {

@@ -337,7 +337,7 @@ func wsEcho(t *testing.T, w io.Writer, br io.Reader) {
 // chromiumDOM loads url in headless Chromium (which resolves *.localhost to
 // loopback itself) and checks the DOM after the page's script ran. Without
 // chromium the test skips, and fails under CI=true.
-func chromiumDOM(t *testing.T, url string) {
+func chromiumDOM(t *testing.T, url string, flags ...string) {
 	t.Helper()
 	bin := ""
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
@@ -354,15 +354,16 @@ func chromiumDOM(t *testing.T, url string) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-		"--user-data-dir="+TempDir(t), "--virtual-time-budget=5000", "--dump-dom", url)
+	args := append([]string{"--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+		"--user-data-dir=" + TempDir(t), "--virtual-time-budget=5000", "--dump-dom"}, flags...)
+	cmd := exec.CommandContext(ctx, bin, append(args, url)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("chromium --dump-dom %s: %v\n%s", url, err, stderr.String())
 	}
-	host := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/")
+	_, host, _ := strings.Cut(strings.TrimSuffix(url, "/"), "://")
 	for _, want := range []string{`<h1 id="title">sandbox app</h1>`, `<p id="status">rendered by ` + host + `</p>`} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("chromium DOM of %s lacks %q:\n%s", url, want, out)

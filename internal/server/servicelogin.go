@@ -152,10 +152,10 @@ func (s *Server) finishLogin(w http.ResponseWriter, r *http.Request, lc loginCoo
 		http.Redirect(w, r, returnTo, http.StatusSeeOther)
 		return
 	}
-	// On the loopback plaintext path the redirect chain began at the
-	// issuer, so a redirect would arrive with Sec-Fetch-Site: cross-site
-	// and be refused; a page of this origin that moves on by itself
-	// makes the next request same-origin.
+	// On the loopback plaintext path the redirect chain went through the
+	// issuer, and Fetch Metadata may then call the next request
+	// cross-site, which the path refuses; a page of this origin that
+	// moves on by itself makes the next request same-origin.
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	_ = continuePage.Execute(w, returnTo)
