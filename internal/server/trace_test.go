@@ -82,7 +82,7 @@ func TestTraceSpansExported(t *testing.T) {
 	if want := hdr.Get(RequestIDHeader); len(want) != 1 || srv.Attrs[telemetry.AttrRequestID] != want[0] {
 		t.Errorf("span request id %q, want the response's x-request-id %q", srv.Attrs[telemetry.AttrRequestID], want)
 	}
-	if srv.Attrs["rpc.method"] != "CreateSandbox" || srv.Attrs["rpc.service"] != "openshell.v1.OpenShell" || srv.StatusCode != tracepb.Status_STATUS_CODE_UNSET {
+	if srv.Attrs["rpc.method"] != "CreateSandbox" || srv.Attrs["rpc.service"] != "openshell.v1.OpenShell" || srv.Attrs["rpc.grpc.status_code"] != "0" || srv.StatusCode != tracepb.Status_STATUS_CODE_UNSET {
 		t.Errorf("server span attrs %v status %v", srv.Attrs, srv.StatusCode)
 	}
 	child := rcv.WaitFor(t, 10*time.Second, "store.Create", func(s telemetrytest.Span) bool { return s.Name == "store.Create" })
@@ -92,8 +92,8 @@ func TestTraceSpansExported(t *testing.T) {
 	del := rcv.WaitFor(t, 10*time.Second, "DeleteSandbox", func(s telemetrytest.Span) bool {
 		return s.Name == "openshell.v1.OpenShell/DeleteSandbox"
 	})
-	if del.StatusCode != tracepb.Status_STATUS_CODE_ERROR || del.Attrs["rpc.grpc.status_code"] == "" || del.ParentSpanID != "" {
-		t.Errorf("DeleteSandbox span status %v attrs %v parent %q, want ERROR, a code, a root span", del.StatusCode, del.Attrs, del.ParentSpanID)
+	if del.StatusCode != tracepb.Status_STATUS_CODE_ERROR || del.Attrs["rpc.grpc.status_code"] != "13" || del.ParentSpanID != "" {
+		t.Errorf("DeleteSandbox span status %v attrs %v parent %q, want ERROR, code 13 (Internal), a root span", del.StatusCode, del.Attrs, del.ParentSpanID)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/hex"
 	"net"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -85,15 +86,22 @@ func links(ls []*tracepb.Span_Link) []string {
 	return out
 }
 
+// str flattens attributes: strings as they are, integers, doubles and
+// booleans in their Go formatting, other kinds in protobuf text form.
 func str(kvs []*commonpb.KeyValue) map[string]string {
-	m := map[string]string{}
+	m := make(map[string]string, len(kvs))
 	for _, kv := range kvs {
-		v := kv.GetValue()
-		switch {
-		case v.GetStringValue() != "":
-			m[kv.GetKey()] = v.GetStringValue()
+		switch v := kv.GetValue().GetValue().(type) {
+		case *commonpb.AnyValue_StringValue:
+			m[kv.GetKey()] = v.StringValue
+		case *commonpb.AnyValue_IntValue:
+			m[kv.GetKey()] = strconv.FormatInt(v.IntValue, 10)
+		case *commonpb.AnyValue_BoolValue:
+			m[kv.GetKey()] = strconv.FormatBool(v.BoolValue)
+		case *commonpb.AnyValue_DoubleValue:
+			m[kv.GetKey()] = strconv.FormatFloat(v.DoubleValue, 'g', -1, 64)
 		default:
-			m[kv.GetKey()] = v.String()
+			m[kv.GetKey()] = kv.GetValue().String()
 		}
 	}
 	return m
