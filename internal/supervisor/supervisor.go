@@ -394,7 +394,12 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cfg.beforePivot = roots.waitRead
+	var rootsWait time.Duration
+	cfg.beforePivot = func() {
+		t0 := time.Now()
+		roots.waitRead()
+		rootsWait = time.Since(t0)
+	}
 	startup.mark("roots")
 	// Before anything can inherit it.
 	dialer, err := takeEgressDialer(&cfg)
@@ -430,6 +435,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		}
 	}
 	startup.mark("namespaces")
+	startup.note("roots_wait", rootsWait)
 	client := openshellv1.NewOpenShellClient(conn)
 
 	var pusher *logPusher
