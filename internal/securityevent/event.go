@@ -291,7 +291,7 @@ func New(o Options) (*Log, error) {
 		o: o,
 		total: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "openshell_security_events_total",
-			Help: "Security events emitted by the gateway, by OCSF class and outcome.",
+			Help: "Security events recorded by the gateway (its own and the egress decisions its sandboxes report), by OCSF class and outcome.",
 		}, []string{"class", "outcome"}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "openshell_security_events_dropped_total",
