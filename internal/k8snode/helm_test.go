@@ -136,7 +136,21 @@ server:
 		}
 	})
 
-	// The hook made the PKI Secrets; the client one is the test's mTLS identity.
+	// helm --wait returned: the gateway is Ready, and the hook Job ran and
+	// was removed after its success (hook-delete-policy hook-succeeded).
+	sts, err := c.Clientset.AppsV1().StatefulSets(ns).Get(ctx, release, metav1.GetOptions{})
+	if err != nil || sts.Status.ReadyReplicas != 1 {
+		t.Fatalf("gateway StatefulSet after install: %v ready replicas, %v; want 1", sts.Status.ReadyReplicas, err)
+	}
+	if _, err := c.Clientset.BatchV1().Jobs(ns).Get(ctx, release+"-pki-hook", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("PKI hook Job after a successful install: %v, want it deleted", err)
+	}
+	for _, name := range []string{release + "-server-tls", release + "-jwt"} {
+		if _, err := c.Clientset.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+			t.Errorf("PKI Secret %s from the hook: %v", name, err)
+		}
+	}
+	// The client Secret is the test's mTLS identity.
 	secret, err := c.Clientset.CoreV1().Secrets(ns).Get(ctx, release+"-client-tls", metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("client TLS Secret from the PKI hook: %v", err)

@@ -1,9 +1,16 @@
 // Package k8stest runs a real Kubernetes control plane for tests: etcd, a
 // kube-apiserver and (optionally) the agent-sandbox controller, as child
-// processes on loopback. There is no kubelet, scheduler or
+// processes on loopback. By default there is no kubelet, scheduler or
 // controller-manager: pods stay Pending until a test marks them Ready with
 // [Cluster.MarkPodReady], new namespaces get no "default" ServiceAccount, and
 // nothing garbage-collects owned objects or finalizes namespaces.
+//
+// With [Options].Node the cluster also gets a node ([Node]): containerd and a
+// kubelet that run the pods on this machine (root only), kube-scheduler and
+// kube-controller-manager, images built locally ([Node.ImportImage]), a pod
+// bridge, hostPath PersistentVolumes ([Cluster.HostPathVolume]) and the
+// apiserver reachable from pods at the kubernetes Service address; [Relay]
+// lets pods reach other loopback servers. See docs/kubernetes.md.
 //
 // The binaries come from test/k8s/build.sh, which builds them once per
 // machine and prints the directory to use:
