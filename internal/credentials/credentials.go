@@ -3,6 +3,7 @@ package credentials
 import (
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/hkdf"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
@@ -37,6 +38,8 @@ type Keyring struct {
 	id       string
 	kek      cipher.AEAD
 	previous map[string]cipher.AEAD
+	// root is the current KEK, kept for DeriveKey.
+	root []byte
 }
 
 // NewKeyring returns a keyring for a 32-byte KEK.
@@ -49,7 +52,18 @@ func NewKeyring(kek []byte) (*Keyring, error) {
 		return nil, err
 	}
 	sum := sha256.Sum256(kek)
-	return &Keyring{id: "kek-" + hex.EncodeToString(sum[:8]), kek: aead}, nil
+	return &Keyring{id: "kek-" + hex.EncodeToString(sum[:8]), kek: aead, root: append([]byte(nil), kek...)}, nil
+}
+
+// DeriveKey returns a 32-byte key for purpose, derived from the current
+// KEK with HKDF-SHA256: the same in every gateway process holding that
+// KEK (replicas, restarts), different for every purpose, and of no use
+// for recovering the KEK or the data keys it wraps.
+func (k *Keyring) DeriveKey(purpose string) ([]byte, error) {
+	if purpose == "" {
+		return nil, errors.New("derived key: purpose is required")
+	}
+	return hkdf.Key(sha256.New, k.root, nil, "openshell-go derived key: "+purpose, KeySize)
 }
 
 // ID names the current KEK without revealing it (a truncated SHA-256).
@@ -58,7 +72,7 @@ func (k *Keyring) ID() string { return k.id }
 // WithPrevious returns a keyring that seals with k's KEK and also opens
 // values wrapped under the current KEK of any of prev.
 func (k *Keyring) WithPrevious(prev ...*Keyring) *Keyring {
-	out := &Keyring{id: k.id, kek: k.kek, previous: map[string]cipher.AEAD{}}
+	out := &Keyring{id: k.id, kek: k.kek, previous: map[string]cipher.AEAD{}, root: k.root}
 	for id, a := range k.previous {
 		out.previous[id] = a
 	}

@@ -116,3 +116,32 @@ func TestRewrap(t *testing.T) {
 		t.Error("Rewrap with another record's associated data succeeded")
 	}
 }
+
+func TestDeriveKey(t *testing.T) {
+	kek := bytes.Repeat([]byte{7}, credentials.KeySize)
+	a, err := credentials.NewKeyring(kek)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := credentials.NewKeyring(bytes.Clone(kek)) // another replica
+	other, _ := credentials.NewKeyring(bytes.Repeat([]byte{8}, credentials.KeySize))
+	old, _ := credentials.NewKeyring(bytes.Repeat([]byte{9}, credentials.KeySize))
+	key := func(k *credentials.Keyring, purpose string) []byte {
+		t.Helper()
+		d, err := k.DeriveKey(purpose)
+		if err != nil || len(d) != credentials.KeySize {
+			t.Fatalf("DeriveKey(%q) = %d bytes, %v", purpose, len(d), err)
+		}
+		return d
+	}
+	p := key(a, "service login")
+	if !bytes.Equal(p, key(b, "service login")) || !bytes.Equal(p, key(a.WithPrevious(old), "service login")) {
+		t.Error("the same KEK and purpose derive different keys")
+	}
+	if bytes.Equal(p, key(a, "something else")) || bytes.Equal(p, key(other, "service login")) || bytes.Equal(p, kek) {
+		t.Error("a derived key repeats another purpose's, another KEK's, or the KEK")
+	}
+	if _, err := a.DeriveKey(""); err == nil {
+		t.Error("DeriveKey(\"\") = nil error, want refused")
+	}
+}

@@ -278,7 +278,7 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 			return fmt.Errorf("compute driver %s: bootstrap authenticator: %w", driverName, err)
 		}
 	}
-	chain, authz, login, err := buildAuth(cfg, verifier, bootstrap)
+	chain, authz, login, err := buildAuth(cfg, verifier, bootstrap, keyring)
 	if err != nil {
 		return err
 	}
@@ -426,8 +426,9 @@ func redactURL(raw string) string {
 }
 
 // buildAuth returns the authenticator chain, the per-RPC authorizer and,
-// when configured, the OIDC browser login of service URLs (else nil).
-func buildAuth(cfg *config.Config, verifier *sandboxjwt.Verifier, bootstrap auth.Authenticator) (*auth.Chain, *auth.Authorizer, server.ServiceLogin, error) {
+// when configured, the OIDC browser login of service URLs (else nil),
+// whose sealing key is derived from keyring's KEK.
+func buildAuth(cfg *config.Config, verifier *sandboxjwt.Verifier, bootstrap auth.Authenticator, keyring *credentials.Keyring) (*auth.Chain, *auth.Authorizer, server.ServiceLogin, error) {
 	var login server.ServiceLogin
 	opts := auth.ChainOptions{AllowUnauthenticated: cfg.Auth.AllowUnauthenticatedUsers, K8sServiceAccount: bootstrap}
 	if verifier != nil {
@@ -440,7 +441,7 @@ func buildAuth(cfg *config.Config, verifier *sandboxjwt.Verifier, bootstrap auth
 		}
 		opts.OIDC = a
 		if cfg.OIDC.LoginClientID != "" {
-			if login, err = serviceLogin(cfg.OIDC, a); err != nil {
+			if login, err = serviceLogin(cfg.OIDC, a, keyring); err != nil {
 				return nil, nil, nil, err
 			}
 		}
@@ -458,8 +459,15 @@ func buildAuth(cfg *config.Config, verifier *sandboxjwt.Verifier, bootstrap auth
 }
 
 // serviceLogin builds the browser login of service URLs on a's issuer.
-func serviceLogin(o config.OIDC, a *oidc.Authenticator) (server.ServiceLogin, error) {
-	lo := oidc.LoginOptions{ClientID: o.LoginClientID}
+// Its login states and sessions are sealed with a key derived from the
+// credentials KEK, so every replica holding the KEK, and the gateway after
+// a restart, accepts them; a KEK rotation ends them.
+func serviceLogin(o config.OIDC, a *oidc.Authenticator, keyring *credentials.Keyring) (server.ServiceLogin, error) {
+	key, err := keyring.DeriveKey("oidc service login")
+	if err != nil {
+		return nil, err
+	}
+	lo := oidc.LoginOptions{ClientID: o.LoginClientID, Key: key}
 	if o.LoginClientSecretFile != "" {
 		b, err := os.ReadFile(o.LoginClientSecretFile)
 		if err != nil {

@@ -167,8 +167,8 @@ func TestServiceOIDCLogin(t *testing.T) {
 	if err := os.WriteFile(secretFile, []byte(secret+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	g := Start(t, Options{ExtraArgs: []string{"--oidc-issuer", is.URL, "--oidc-login-client-id", "openshell-cli",
-		"--oidc-login-client-secret-file", secretFile}})
+	args := []string{"--oidc-issuer", is.URL, "--oidc-login-client-id", "openshell-cli", "--oidc-login-client-secret-file", secretFile}
+	g := Start(t, Options{ExtraArgs: args})
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	adminTok := is.Token(t, oidctest.User{Subject: "root", Roles: []string{"openshell-admin", "openshell-user"}}, "openshell-cli")
@@ -382,8 +382,28 @@ func TestServiceOIDCLogin(t *testing.T) {
 		chromiumDOM(t, pageURL)
 		chromiumDOM(t, "https://"+host+"/", "--ignore-certificate-errors")
 	})
+	logs := ""
+	t.Run("session survives a gateway restart", func(t *testing.T) {
+		// The sealing key comes from the credentials KEK in the state
+		// directory, so the restarted gateway (like another replica
+		// with the same KEK) accepts the session. Its sandbox may not
+		// be back yet: the answer only has to be past authentication.
+		logs += g.Logs()
+		g.Stop()
+		g2 := Start(t, Options{ExtraArgs: args, StateDir: g.StateDir, TLSDir: g.TLSDir, Port: g.Port})
+		t.Cleanup(func() { logs += g2.Logs() })
+		probe.CloseIdleConnections()
+		resp, body := withCookie(t, pageURL, "openshell-session="+sess, "navigate")
+		if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusFound {
+			t.Errorf("session after a restart = %d %q, want it accepted", resp.StatusCode, body)
+		}
+		if resp, _ := withCookie(t, pageURL, "openshell-session=x"+sess, "navigate"); resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("forged session after a restart = %d, want 401", resp.StatusCode)
+		}
+		logs += g2.Logs()
+	})
 	t.Run("no secret in the logs", func(t *testing.T) {
-		logs := g.Logs()
+		logs += g.Logs()
 		for _, s := range append(is.Secrets(), sessions...) {
 			if strings.Contains(logs, s) {
 				t.Errorf("gateway log contains a secret, code, token or session (%d bytes)", len(s))

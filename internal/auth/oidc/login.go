@@ -28,11 +28,10 @@ import (
 //
 // Login keeps no server-side state: the login state (state, nonce, PKCE
 // verifier, return path) and the session (the principal and an expiry)
-// are sealed with AES-256-GCM under a key held in memory, bound to their
+// are sealed with AES-256-GCM under LoginOptions.Key, bound to their
 // purpose and to the origin they were made for ("http(s)://host[:port]",
-// authenticated data of the seal). Sessions therefore end when the key does (a
-// gateway restart) and are not shared between replicas. Safe for
-// concurrent use.
+// authenticated data of the seal). Every Login with the same key accepts
+// them (gateway replicas, a restarted gateway). Safe for concurrent use.
 type Login struct {
 	a       *Authenticator
 	o       LoginOptions
@@ -50,7 +49,8 @@ type LoginOptions struct {
 	ClientSecret string
 	// SessionTTL bounds a session; 0 = DefaultSessionTTL.
 	SessionTTL time.Duration
-	// Key seals login states and sessions (32 bytes); nil = random.
+	// Key seals login states and sessions (32 bytes); nil = a random
+	// key, so that nothing sealed outlives this Login.
 	Key []byte
 	// Now is the clock; nil = time.Now.
 	Now func() time.Time

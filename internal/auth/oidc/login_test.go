@@ -171,6 +171,11 @@ func TestSession(t *testing.T) {
 	raw[len(raw)/2] ^= 1
 	flipped := base64.RawURLEncoding.EncodeToString(raw)
 	other := newLogin(t, is, "", nil) // another gateway (another key)
+	replica := newLogin(t, is, "", nil)
+	replica.aead = l.aead // the same key: another replica, or after a restart
+	if p, err := replica.Session(testHost, sealed); err != nil || p == nil {
+		t.Errorf("Session() on a Login with the same key = %v, %v, want the principal", p, err)
+	}
 	for name, tc := range map[string]struct {
 		l           *Login
 		host, value string
