@@ -133,3 +133,19 @@ func upstreamPort(upstream *httptest.Server) (port string, portN uint32) {
 	fmt.Sscan(port, &portN)
 	return port, portN
 }
+
+// requirePython returns the resolved path of the system's python3
+// (/usr/bin/python3: a sandbox's root holds the host's /usr, not a
+// per-user installation); without it the test fails under CI=true and is
+// skipped otherwise.
+func requirePython(t testing.TB) string {
+	t.Helper()
+	python, err := filepath.EvalSymlinks("/usr/bin/python3")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("/usr/bin/python3 is required (test/install-deps.sh installs it): %v", err)
+		}
+		t.Skip("/usr/bin/python3 not installed")
+	}
+	return python
+}
