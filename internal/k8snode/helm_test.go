@@ -47,7 +47,7 @@ func helmBinary(t *testing.T) string {
 // one-node cluster, with the gateway and supervisor images built on this
 // machine: the PKI hook Job creates the Secrets, the gateway StatefulSet
 // becomes Ready (in-cluster config to the apiserver through the kubernetes
-// Service address), a sandbox created through that gateway runs as a pod,
+// Service address, SQLite on its state claim), a sandbox created through that gateway runs as a pod,
 // exchanges its token and turns READY, exec works, and helm uninstall
 // removes the gateway.
 func TestHelmChartInstall(t *testing.T) {
@@ -92,6 +92,13 @@ func TestHelmChartInstall(t *testing.T) {
 	}
 	t.Cleanup(relay.Close)
 
+	// The chart's state volume (SQLite) binds to a hostPath volume owned
+	// by the gateway's user (fsGroup does not apply to hostPath).
+	stateDir := c.HostPathVolume(t, "state-"+ns, "1Gi")
+	if err := os.Chown(stateDir, 65532, 65532); err != nil {
+		t.Fatal(err)
+	}
+
 	dir := gatewaytest.TempDir(t)
 	values := fmt.Sprintf(`image:
   repository: docker.io/openshell-test/openshell-gateway
@@ -103,8 +110,6 @@ server:
   auth:
     allowUnauthenticatedUsers: true
   serverSANs: [%q]
-  persistence:
-    enabled: false
   drivers:
     kubernetes:
       supervisorImage: %q
@@ -144,6 +149,9 @@ server:
 	}
 	if _, err := c.Clientset.BatchV1().Jobs(ns).Get(ctx, release+"-pki-hook", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("PKI hook Job after a successful install: %v, want it deleted", err)
+	}
+	if _, err := os.Stat(filepath.Join(stateDir, "openshell.db")); err != nil {
+		t.Errorf("gateway state on its volume: %v", err)
 	}
 	for _, name := range []string{release + "-server-tls", release + "-jwt"} {
 		if _, err := c.Clientset.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
