@@ -86,11 +86,19 @@ type answer struct {
 // page load, "cors" for a script's fetch).
 func (b *browser) get(rawURL, mode string) (*answer, string) {
 	b.t.Helper()
-	req, err := http.NewRequestWithContext(b.t.Context(), http.MethodGet, rawURL, nil)
+	return b.do(http.MethodGet, rawURL, map[string]string{"Sec-Fetch-Mode": mode})
+}
+
+// do sends one request with hdr (and Accept: text/html).
+func (b *browser) do(method, rawURL string, hdr map[string]string) (*answer, string) {
+	b.t.Helper()
+	req, err := http.NewRequestWithContext(b.t.Context(), method, rawURL, nil)
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	req.Header.Set("Sec-Fetch-Mode", mode)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
 	req.Header.Set("Accept", "text/html")
 	resp, err := b.c.Do(req)
 	if err != nil {
@@ -291,6 +299,26 @@ func TestServiceOIDCLogin(t *testing.T) {
 			t.Fatalf("after TLS login GET / = %d %q, want the app", last.StatusCode, body)
 		}
 		sessions = append(sessions, cookieValue(sc))
+
+		// SameSite=Lax cookies also go with requests from sibling hosts
+		// (another sandbox's app is the same site): only plain page
+		// loads may use the session from there.
+		sibling := map[string]string{"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "navigate"}
+		if resp, body := b.do(http.MethodGet, tlsURL, sibling); resp.StatusCode != http.StatusOK || !strings.Contains(body, "sandbox app") {
+			t.Errorf("link from a sibling app = %d, want the app", resp.StatusCode)
+		}
+		for name, req := range map[string]struct {
+			method string
+			hdr    map[string]string
+		}{
+			"sibling fetch":     {http.MethodGet, map[string]string{"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "cors"}},
+			"sibling form post": {http.MethodPost, sibling},
+			"foreign origin":    {http.MethodPost, map[string]string{"Origin": "https://web--other.openshell.localhost"}},
+		} {
+			if resp, body := b.do(req.method, tlsURL, req.hdr); resp.StatusCode != http.StatusForbidden || strings.Contains(body, "sandbox app") {
+				t.Errorf("%s with the session = %d %q, want 403", name, resp.StatusCode, body)
+			}
+		}
 	})
 	if len(sessions) == 0 {
 		t.Fatal("no session to attack")

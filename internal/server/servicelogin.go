@@ -192,3 +192,27 @@ func stripLoginCookies(r *http.Request) {
 		r.Header.Set("Cookie", strings.Join(keep, "; "))
 	}
 }
+
+// crossSiteForSession returns why a request carrying the session cookie
+// must not use it, or "". The cookie is SameSite=Lax, which browsers
+// still send from sibling hosts (other sandboxes' apps under the same
+// domain are the same site), so the session only counts for requests of
+// the host's own pages and for plain page loads: Sec-Fetch-Site
+// same-site or cross-site is refused unless the request is a GET or HEAD
+// navigation; without Fetch Metadata, an Origin other than the host's.
+func crossSiteForSession(r *http.Request, origin string) string {
+	switch site := r.Header.Get("Sec-Fetch-Site"); site {
+	case "same-origin", "none":
+		return ""
+	case "":
+		if o := r.Header.Get("Origin"); o != "" && !sameOrigin(o, strings.ToLower(origin)) {
+			return "origin"
+		}
+		return ""
+	default:
+		if r.Header.Get("Sec-Fetch-Mode") == "navigate" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+			return ""
+		}
+		return "sec-fetch-site " + site
+	}
+}

@@ -42,3 +42,31 @@ func TestStripLoginCookies(t *testing.T) {
 		}
 	}
 }
+
+func TestCrossSiteForSession(t *testing.T) {
+	const origin = "https://web--app.apps.example.com"
+	for _, tt := range []struct {
+		name, method string
+		hdr          map[string]string
+		refused      bool
+	}{
+		{"own page's fetch", http.MethodPost, map[string]string{"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors"}, false},
+		{"typed address", http.MethodGet, map[string]string{"Sec-Fetch-Site": "none", "Sec-Fetch-Mode": "navigate"}, false},
+		{"link from a sibling app", http.MethodGet, map[string]string{"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "navigate"}, false},
+		{"sibling app's fetch", http.MethodGet, map[string]string{"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "cors"}, true},
+		{"sibling app's form post", http.MethodPost, map[string]string{"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "navigate"}, true},
+		{"sibling app's websocket", http.MethodGet, map[string]string{"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "websocket"}, true},
+		{"cross-site image", http.MethodGet, map[string]string{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors"}, true},
+		{"no fetch metadata, foreign origin", http.MethodPost, map[string]string{"Origin": "https://evil--app.apps.example.com"}, true},
+		{"no fetch metadata, own origin", http.MethodPost, map[string]string{"Origin": origin}, false},
+		{"no fetch metadata, no origin", http.MethodGet, nil, false},
+	} {
+		r := httptest.NewRequest(tt.method, origin+"/", nil)
+		for k, v := range tt.hdr {
+			r.Header.Set(k, v)
+		}
+		if got := crossSiteForSession(r, origin) != ""; got != tt.refused {
+			t.Errorf("%s: refused = %v, want %v", tt.name, got, tt.refused)
+		}
+	}
+}

@@ -123,6 +123,13 @@ func (s *Server) serveService(w http.ResponseWriter, r *http.Request, sr Service
 			s.startLogin(w, r, state != nil)
 			return
 		}
+		if p != nil {
+			if reason := crossSiteForSession(r, requestOrigin(r, state != nil)); reason != "" {
+				s.log.Info("cross-site service request with a session cookie rejected", "host", r.Host, "reason", reason)
+				serviceError(w, http.StatusForbidden, "Cross-site service request rejected")
+				return
+			}
+		}
 		if lc := cookiesFor(state != nil); errors.Is(err, errdefs.ErrUnauthenticated) {
 			lc.set(w, lc.session, "", -1)
 		}
