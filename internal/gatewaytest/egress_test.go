@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,14 +24,18 @@ import (
 // namespace; the test-only resolver override maps allowed.test and
 // other.egress.test to 127.0.0.1, which the policy names in allowed_ips. curl
 // reaches the allowed host through forward HTTP and CONNECT (200); another
-// host (403), wget (another binary, 403) and a direct connection to the
-// upstream's port (no route out) fail; every decision is in the sandbox's
-// log stream. Then live reload: allow, a FAILED version that keeps the
+// host (403), the allowed host on another port (403), wget (another
+// binary, 403) and a direct connection to the upstream's port (no route
+// out) fail; destinations a rule allows but that are cloud metadata
+// (address or name), link-local, private or unique-local (by the
+// resolver's answer) get 403 from the SSRF guard, with its reason; every
+// decision is in the sandbox's log stream. Then live reload: allow, a FAILED version that keeps the
 // previous rules, and back to deny, each within 2 s.
 func TestEgressProxy(t *testing.T) {
 	curl, port, portN := egressUpstream(t)
 
-	g := Start(t, Options{Env: []string{"OPENSHELL_EGRESS_TEST_HOSTS=allowed.test=127.0.0.1,other.egress.test=127.0.0.1,internal.egress.test=127.0.0.1"}})
+	g := Start(t, Options{Env: []string{"OPENSHELL_EGRESS_TEST_HOSTS=allowed.test=127.0.0.1,other.egress.test=127.0.0.1,internal.egress.test=127.0.0.1," +
+		"linklocal.egress.test=169.254.169.254,private.egress.test=10.1.2.3,ula.egress.test=fd00::1"}})
 	c := g.Client()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
@@ -42,6 +47,20 @@ func TestEgressProxy(t *testing.T) {
 				// Allowed by name, but it resolves to loopback and
 				// allowed_ips does not say so: the SSRF guard refuses it.
 				{Host: "internal.egress.test", Port: portN},
+			},
+			Binaries: []*sandboxv1.NetworkBinary{{Path: curl}},
+		},
+		// Destinations the policy allows by name or address but that
+		// are (or resolve to) cloud metadata, link-local, private or
+		// unique-local addresses without allowed_ips: the SSRF guard,
+		// not a missing rule, must refuse each of them.
+		"internal": {
+			Endpoints: []*sandboxv1.NetworkEndpoint{
+				{Host: "169.254.169.254", Port: 80},
+				{Host: "metadata.google.internal", Port: 80},
+				{Host: "linklocal.egress.test", Port: portN},
+				{Host: "private.egress.test", Port: portN},
+				{Host: "ula.egress.test", Port: portN},
 			},
 			Binaries: []*sandboxv1.NetworkBinary{{Path: curl}},
 		},
@@ -96,8 +115,16 @@ func TestEgressProxy(t *testing.T) {
 	if out, code := sh(curl + " -s -o /dev/null -w '%{http_code}' http://internal.egress.test:" + port + "/"); out != "403" {
 		t.Errorf("allowed name resolving to loopback without allowed_ips = exit %d %q, want 403 (SSRF guard)", code, out)
 	}
-	if out, code := sh(curl + " -s -o /dev/null -w '%{http_code}' http://169.254.169.254/latest/meta-data/"); out != "403" {
-		t.Errorf("metadata address = exit %d %q, want 403", code, out)
+	// The allowed host on a port no endpoint names.
+	wrongPort := strconv.Itoa(int(portN%65535) + 1)
+	if out, code := sh(curl + " -s --max-time 10 -o /dev/null -w '%{http_code}' http://allowed.test:" + wrongPort + "/"); out != "403" {
+		t.Errorf("allowed host on another port = exit %d %q, want 403", code, out)
+	}
+	for _, u := range []string{"http://169.254.169.254/latest/meta-data/", "http://metadata.google.internal/computeMetadata/v1/",
+		"http://linklocal.egress.test:" + port + "/", "http://private.egress.test:" + port + "/", "http://ula.egress.test:" + port + "/"} {
+		if out, code := sh(curl + " -s --max-time 10 -o /dev/null -w '%{http_code}' " + u); out != "403" {
+			t.Errorf("%s = exit %d %q, want 403 (SSRF guard)", u, code, out)
+		}
 	}
 	// Trust on first use: the workspace copy of curl is allowed by path;
 	// once replaced by different content at that path it is denied.
@@ -125,6 +152,30 @@ func TestEgressProxy(t *testing.T) {
 		"deny internal address": func(f map[string]string) bool {
 			return f["decision"] == "deny" && f["host"] == "internal.egress.test" && f["policy"] == "upstream" &&
 				f["reason"] == "address 127.0.0.1 is internal (loopback, link-local, private or reserved) and not in the endpoint's allowed_ips"
+		},
+		"deny wrong port": func(f map[string]string) bool {
+			return f["decision"] == "deny" && f["host"] == "allowed.test" && f["port"] == wrongPort &&
+				f["reason"] == "endpoint allowed.test:"+wrongPort+" is not allowed by any policy"
+		},
+		"deny metadata address": func(f map[string]string) bool {
+			return f["decision"] == "deny" && f["host"] == "169.254.169.254" && f["policy"] == "internal" &&
+				f["reason"] == "address 169.254.169.254 is internal (loopback, link-local, private or reserved) and not in the endpoint's allowed_ips"
+		},
+		"deny metadata name": func(f map[string]string) bool {
+			return f["decision"] == "deny" && f["host"] == "metadata.google.internal" && f["policy"] == "internal" &&
+				f["reason"] == "host metadata.google.internal is a cloud metadata service"
+		},
+		"deny name resolving to link-local": func(f map[string]string) bool {
+			return f["decision"] == "deny" && f["host"] == "linklocal.egress.test" && f["policy"] == "internal" &&
+				f["reason"] == "address 169.254.169.254 is internal (loopback, link-local, private or reserved) and not in the endpoint's allowed_ips"
+		},
+		"deny name resolving to private": func(f map[string]string) bool {
+			return f["decision"] == "deny" && f["host"] == "private.egress.test" && f["policy"] == "internal" &&
+				f["reason"] == "address 10.1.2.3 is internal (loopback, link-local, private or reserved) and not in the endpoint's allowed_ips"
+		},
+		"deny name resolving to unique-local": func(f map[string]string) bool {
+			return f["decision"] == "deny" && f["host"] == "ula.egress.test" && f["policy"] == "internal" &&
+				f["reason"] == "address fd00::1 is internal (loopback, link-local, private or reserved) and not in the endpoint's allowed_ips"
 		},
 		"deny replaced binary": func(f map[string]string) bool {
 			return f["decision"] == "deny" && f["binary"] == "/sandbox/bin/client" && strings.Contains(f["reason"], "binary /sandbox/bin/client changed since its first use")
