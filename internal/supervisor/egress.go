@@ -195,7 +195,6 @@ func startEgress(ctx context.Context, log *slog.Logger, cfg Config, dialer *host
 		e.why = fmt.Errorf("no egress proxy runs: %w", err)
 		return e
 	}
-	empty, _ := egress.Compile(nil)
 	var own []netip.Prefix
 	if e.fenceMode {
 		own = gatewayAddrs(ctx, log, cfg.Endpoint)
@@ -208,6 +207,9 @@ func startEgress(ctx context.Context, log *slog.Logger, cfg Config, dialer *host
 		identify = identifyAs(&e.agent, identify)
 	}
 	e.inference = newInferenceRouter(log.With("component", "inference"), cfg, resolver, dial)
+	// No snapshot: the proxy denies every connection ("no network policy
+	// loaded") until load installs the policy's, without compiling an
+	// empty policy's Rego engine at every start.
 	e.proxy = egress.New(egress.Config{
 		Inference:     serveInference(e.inference),
 		PolicyLocal:   cfg.policyLocal.serve,
@@ -220,7 +222,7 @@ func startEgress(ctx context.Context, log *slog.Logger, cfg Config, dialer *host
 		UpstreamRoots: cfg.upstreamRoots,
 		Credentials:   cfg.credentials,
 		Metrics:       cfg.egressMetrics,
-	}, empty)
+	}, nil)
 	proxyURL := "http://" + egressProxyAddr
 	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"} {
 		e.env = append(e.env, k+"="+proxyURL, strings.ToLower(k)+"="+proxyURL)

@@ -73,8 +73,9 @@ func loadUpstreamRoots(testCAFile string) (*pendingRoots, error) {
 	certFile, certDir := os.Getenv("SSL_CERT_FILE"), os.Getenv("SSL_CERT_DIR")
 	go func() {
 		defer close(p.done)
-		ders := systemRootDERs(certFile, certDir)
+		files := systemRootFiles(certFile, certDir)
 		close(p.read)
+		ders := rootDERs(files)
 		pool := x509.NewCertPool()
 		for _, der := range ders {
 			if c, err := x509.ParseCertificate(der); err == nil {
@@ -94,36 +95,16 @@ func loadUpstreamRoots(testCAFile string) (*pendingRoots, error) {
 // are SSL_CERT_FILE and SSL_CERT_DIR. Unreadable places are skipped, as
 // there (an empty pool is no error here: the proxy then trusts nothing).
 func systemRootDERs(certFile, certDir string) [][]byte {
-	// PEM text already decoded, by a seeded hash: whole files, and each
-	// block's own text (from the end of the previous block through its
-	// END line), which decodes alone to the same block. A file equal to
-	// one of them adds nothing: c_rehash directories hold each bundle
-	// entry again as a file of its own. (A hash collision could only
-	// leave a root out, never add one.)
-	seed := maphash.MakeSeed()
-	done := map[uint64]bool{}
-	seen := map[string]bool{}
+	return rootDERs(systemRootFiles(certFile, certDir))
+}
+
+// systemRootFiles reads the files x509.SystemCertPool reads on Linux, in
+// its order: the first bundle that can be read, then every file of the
+// directories but the symlinks within them (c_rehash's hash links) and
+// the bundle itself when it sits there. Only the reading happens before
+// a pivot_root; rootDERs decodes later.
+func systemRootFiles(certFile, certDir string) [][]byte {
 	var out [][]byte
-	add := func(data []byte) {
-		h := maphash.Bytes(seed, data)
-		if done[h] {
-			return
-		}
-		done[h] = true
-		for rest := data; len(rest) > 0; {
-			block, next := pem.Decode(rest)
-			if block == nil {
-				break
-			}
-			done[maphash.Bytes(seed, rest[:len(rest)-len(next)])] = true
-			rest = next
-			if block.Type != "CERTIFICATE" || len(block.Headers) != 0 || seen[string(block.Bytes)] {
-				continue
-			}
-			seen[string(block.Bytes)] = true
-			out = append(out, block.Bytes)
-		}
-	}
 	files := rootBundles
 	if certFile != "" {
 		files = []string{certFile}
@@ -132,7 +113,7 @@ func systemRootDERs(certFile, certDir string) [][]byte {
 	for _, f := range files {
 		if data, fi, err := readFileStat(f, nil); err == nil {
 			bundle = fi
-			add(data)
+			out = append(out, data)
 			break
 		}
 	}
@@ -149,10 +130,45 @@ func systemRootDERs(certFile, certDir string) [][]byte {
 			if sameDirSymlink(e, dir) {
 				continue // the hash links of c_rehash name a file read anyway
 			}
-			// The bundle itself sits in /etc/ssl/certs: not read twice.
-			if data, _, err := readFileStat(dir+"/"+e.Name(), bundle); err == nil {
-				add(data)
+			if data, _, err := readFileStat(dir+"/"+e.Name(), bundle); err == nil && data != nil {
+				out = append(out, data)
 			}
+		}
+	}
+	return out
+}
+
+// rootDERs returns the distinct CERTIFICATE blocks without headers (the
+// blocks x509.CertPool.AppendCertsFromPEM takes) of files, in order.
+func rootDERs(files [][]byte) [][]byte {
+	// PEM text already decoded, by a seeded hash: whole files, and each
+	// block's own text (from the end of the previous block through its
+	// END line), which decodes alone to the same block. A file equal to
+	// one of them adds nothing: c_rehash directories hold each bundle
+	// entry again as a file of its own. (A hash collision could only
+	// leave a root out, never add one.)
+	seed := maphash.MakeSeed()
+	done := map[uint64]bool{}
+	seen := map[string]bool{}
+	var out [][]byte
+	for _, data := range files {
+		h := maphash.Bytes(seed, data)
+		if done[h] {
+			continue
+		}
+		done[h] = true
+		for rest := data; len(rest) > 0; {
+			block, next := pem.Decode(rest)
+			if block == nil {
+				break
+			}
+			done[maphash.Bytes(seed, rest[:len(rest)-len(next)])] = true
+			rest = next
+			if block.Type != "CERTIFICATE" || len(block.Headers) != 0 || seen[string(block.Bytes)] {
+				continue
+			}
+			seen[string(block.Bytes)] = true
+			out = append(out, block.Bytes)
 		}
 	}
 	return out
