@@ -20,5 +20,9 @@
 // Detection Findings for SSRF blocks and credential endpoint mismatches);
 // other code emits through the Emitter interface. A Log is safe
 // for concurrent use; a write error drops the event and counts it in
-// openshell_security_events_dropped_total, it never fails the RPC.
+// openshell_security_events_dropped_total{reason="sink_error"}, it never
+// fails the RPC. The events a sandbox reports are limited per sandbox
+// (a token bucket, Options.SandboxRate): the excess is counted with
+// reason "rate_limited" and summarised by one Detection Finding per
+// interval; the gateway's own events are never limited.
 package securityevent

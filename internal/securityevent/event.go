@@ -270,6 +270,24 @@ type Options struct {
 	OnSandboxEvent func(sandboxID string, line []byte, ev Event)
 	// Now is the clock; nil = time.Now.
 	Now func() time.Time
+	// Product names the emitter in metadata.product of its own events
+	// (the summaries of suppressed events included); "" is
+	// "openshell-gateway" with Version.
+	Product string
+
+	// SandboxRate and SandboxBurst limit the events a sandbox's
+	// supervisor reports (Product SandboxProduct), per sandbox: a token
+	// bucket refilled at SandboxRate events per second holding up to
+	// SandboxBurst. An event over the limit is counted in
+	// openshell_security_events_dropped_total{reason="rate_limited"} and
+	// not written; one Detection Finding per SummaryInterval and sandbox
+	// (uid FindingEventsSuppressed) says how many were. Zero values are
+	// the defaults (DefaultSandboxRate, DefaultSandboxBurst,
+	// DefaultSummaryInterval); a negative SandboxRate turns the limit off.
+	// The gateway's own events are never limited.
+	SandboxRate     float64
+	SandboxBurst    int
+	SummaryInterval time.Duration
 }
 
 // Log is the Emitter that writes JSON lines and counts events.
@@ -277,7 +295,8 @@ type Log struct {
 	o       Options
 	mu      sync.Mutex
 	total   *prometheus.CounterVec
-	dropped prometheus.Counter
+	dropped *prometheus.CounterVec
+	limit   *sandboxLimiter // nil: no limit
 }
 
 var _ Emitter = (*Log)(nil)
@@ -293,10 +312,32 @@ func New(o Options) (*Log, error) {
 			Name: "openshell_security_events_total",
 			Help: "Security events recorded by the gateway (its own and the egress decisions its sandboxes report), by OCSF class and outcome.",
 		}, []string{"class", "outcome"}),
-		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "openshell_security_events_dropped_total",
-			Help: "Security events that could not be written to the sink.",
-		}),
+			Help: "Security events not written: the sink failed (reason sink_error) or a sandbox reported more than its rate limit (reason rate_limited).",
+		}, []string{"reason"}),
+	}
+	for _, r := range []string{DropSinkError, DropRateLimited} {
+		l.dropped.WithLabelValues(r)
+	}
+	if o.SandboxRate >= 0 {
+		rate, burst, every := o.SandboxRate, o.SandboxBurst, o.SummaryInterval
+		if rate == 0 {
+			rate = DefaultSandboxRate
+		}
+		if burst <= 0 {
+			burst = DefaultSandboxBurst
+		}
+		if every <= 0 {
+			every = DefaultSummaryInterval
+		}
+		l.limit = &sandboxLimiter{
+			rate: rate, burst: float64(burst), interval: every, now: o.Now,
+			buckets: map[string]*bucket{},
+			summary: func(sandboxID string, n int) {
+				l.Emit(context.Background(), summaryEvent(sandboxID, n, rate, burst, every))
+			},
+		}
 	}
 	if o.Registerer != nil {
 		for _, c := range []prometheus.Collector{l.total, l.dropped} {
@@ -310,6 +351,10 @@ func New(o Options) (*Log, error) {
 
 // Emit counts ev and writes it to the sink.
 func (l *Log) Emit(_ context.Context, ev Event) {
+	if l.limit != nil && ev.Product == SandboxProduct && !l.limit.allow(ev.SandboxID) {
+		l.dropped.WithLabelValues(DropRateLimited).Inc()
+		return
+	}
 	if ev.Time.IsZero() {
 		ev.Time = l.o.Now()
 	}
@@ -319,7 +364,7 @@ func (l *Log) Emit(_ context.Context, ev Event) {
 	}
 	line, err := json.Marshal(l.record(ev))
 	if err != nil {
-		l.dropped.Inc()
+		l.dropped.WithLabelValues(DropSinkError).Inc()
 		return
 	}
 	line = append(line, '\n')
@@ -328,7 +373,7 @@ func (l *Log) Emit(_ context.Context, ev Event) {
 		_, err = l.o.Sink.Write(line)
 		l.mu.Unlock()
 		if err != nil {
-			l.dropped.Inc()
+			l.dropped.WithLabelValues(DropSinkError).Inc()
 		}
 	}
 	if l.o.OnSandboxEvent != nil && ev.SandboxID != "" {
@@ -366,7 +411,10 @@ func (l *Log) record(ev Event) Record {
 	ci := classes[ev.Class]
 	ids := idsOf(ev.Outcome, ev.Class)
 	product := Product{Name: ev.Product, VendorName: "openshell-go"}
-	if ev.Product == "" {
+	switch {
+	case ev.Product == "" && l.o.Product != "":
+		product.Name = l.o.Product
+	case ev.Product == "":
 		product.Name, product.Version = "openshell-gateway", l.o.Version
 	}
 	r := Record{
