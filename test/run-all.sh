@@ -44,7 +44,7 @@ need docker start_docker || true
 # kube-apiserver, etcd, agent-sandbox controller: built on first use, cached.
 k8s_bins() { local out; out="$("$root/test/k8s/build.sh")" || return 1; eval "$out"; }
 need kubernetes k8s_bins || true
-# kubelet, kube-scheduler, kube-controller-manager, containerd (one-node suites
+# kubelet, kube-scheduler, kube-controller-manager, containerd and helm (one-node suites
 # in internal/k8snode): built on first use, cached.
 k8s_node_bins() { local out; out="$("$root/test/k8s/node/build.sh")" || return 1; eval "$out"; }
 need kubernetes-node k8s_node_bins || true
