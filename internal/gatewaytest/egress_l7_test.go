@@ -15,13 +15,16 @@ import (
 // access: read-only, a deny rule and enforcement: enforce is reported
 // LOADED; GET is forwarded, POST and a GET matching the deny rule get
 // OpenShell's JSON 403 and never reach the upstream; an audit endpoint
-// forwards a POST; every decision is in the log stream with method and
+// forwards a POST; an endpoint with a path and query allow rule and a
+// query deny rule forwards only the GET matching both and answers 403 to
+// a query value outside the list, a missing key, a path glob crossing /,
+// another path and the deny rule's query; every decision is in the log stream with method and
 // canonical path, never the query.
 func TestEgressL7REST(t *testing.T) {
 	curl := requireCurl(t)
 	_, seen, port, portN := recordingUpstream(t, false)
 
-	g := Start(t, Options{Env: []string{"OPENSHELL_EGRESS_TEST_HOSTS=api.l7.test=127.0.0.1,audit.l7.test=127.0.0.1"}})
+	g := Start(t, Options{Env: []string{"OPENSHELL_EGRESS_TEST_HOSTS=api.l7.test=127.0.0.1,audit.l7.test=127.0.0.1,rules.l7.test=127.0.0.1"}})
 	c := g.Client()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
@@ -32,6 +35,12 @@ func TestEgressL7REST(t *testing.T) {
 					DenyRules: []*sandboxv1.L7DenyRule{{Method: "GET", Path: "/admin/**"}}},
 				{Host: "audit.l7.test", Port: portN, AllowedIps: []string{"127.0.0.1"}, Protocol: "rest", Enforcement: "audit",
 					Rules: []*sandboxv1.L7Rule{{Allow: &sandboxv1.L7Allow{Method: "GET", Path: "/**"}}}},
+				// Path and query rules: GET of one repository's issues
+				// with state open or closed, never with force=true.
+				{Host: "rules.l7.test", Port: portN, AllowedIps: []string{"127.0.0.1"}, Protocol: "rest", Enforcement: "enforce",
+					Rules: []*sandboxv1.L7Rule{{Allow: &sandboxv1.L7Allow{Method: "GET", Path: "/repos/*/issues",
+						Query: map[string]*sandboxv1.L7QueryMatcher{"state": {Any: []string{"open", "closed"}}}}}},
+					DenyRules: []*sandboxv1.L7DenyRule{{Method: "*", Path: "/**", Query: map[string]*sandboxv1.L7QueryMatcher{"force": {Glob: "t*"}}}}},
 			},
 			Binaries: []*sandboxv1.NetworkBinary{{Path: curl}},
 		},
@@ -76,6 +85,30 @@ func TestEgressL7REST(t *testing.T) {
 	if got := next(); got != "POST audit.l7.test:"+port+" /x" {
 		t.Errorf("upstream saw %q after the denials, want only the audited POST", got)
 	}
+	rules := "http://rules.l7.test:" + port
+	if out := sh(curl + " -s -w ' %{http_code}' '" + rules + "/repos/a/issues?state=open&page=2'"); out != "upstream GET /repos/a/issues 200" {
+		t.Errorf("GET matching the path and query rule = %q, want the upstream's 200", out)
+	}
+	if got := next(); got != "GET rules.l7.test:"+port+" /repos/a/issues" {
+		t.Errorf("upstream saw %q", got)
+	}
+	for target, why := range map[string]string{
+		"/repos/a/issues?state=all":             "a query value outside the rule's list",
+		"/repos/a/issues":                       "the rule's query key missing",
+		"/repos/a/issues?state=open&state=all":  "one of the values outside the list",
+		"/repos/a/b/issues?state=open":          "* does not cross /",
+		"/repos/a/pulls?state=open":             "another path",
+		"/repos/a/issues?state=open&force=true": "the deny rule's query",
+	} {
+		if out := sh(curl + " -s -o /dev/null -w '%{http_code}' '" + rules + target + "'"); out != "403" {
+			t.Errorf("GET %s (%s) = %q, want 403", target, why, out)
+		}
+	}
+	select {
+	case got := <-seen:
+		t.Errorf("upstream saw %q after the path and query denials", got)
+	default:
+	}
 
 	want := map[string]func(f map[string]string) bool{
 		"allow GET": func(f map[string]string) bool {
@@ -86,6 +119,12 @@ func TestEgressL7REST(t *testing.T) {
 		},
 		"deny rule": func(f map[string]string) bool {
 			return f["decision"] == "deny" && f["path"] == "/admin/users" && f["reason"] == "GET /admin/users blocked by deny rule"
+		},
+		"deny query": func(f map[string]string) bool {
+			return f["decision"] == "deny" && f["host"] == "rules.l7.test" && f["path"] == "/repos/a/issues" && f["reason"] == "GET /repos/a/issues not permitted by policy"
+		},
+		"deny query deny rule": func(f map[string]string) bool {
+			return f["decision"] == "deny" && f["host"] == "rules.l7.test" && f["reason"] == "GET /repos/a/issues blocked by deny rule"
 		},
 		"audit POST": func(f map[string]string) bool {
 			return f["decision"] == "audit" && f["host"] == "audit.l7.test" && f["method"] == "POST" && f["reason"] == "POST /x not permitted by policy"
