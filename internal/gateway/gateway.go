@@ -260,6 +260,9 @@ func Serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) (err er
 	if err != nil {
 		return err
 	}
+	if err := checkServiceLogin(cfg, svcURLs); err != nil {
+		return err
+	}
 	sandboxes := api.New(api.Options{
 		ServiceURLs: svcURLs,
 		Engine:      engine, Relay: relays, Logs: sandboxLogs, Store: st, Minter: apiMinter, Providers: provs,

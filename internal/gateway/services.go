@@ -10,6 +10,7 @@ import (
 
 	"github.com/openshell-go/openshell/internal/api/services"
 	"github.com/openshell-go/openshell/internal/config"
+	"github.com/openshell-go/openshell/internal/errdefs"
 )
 
 // serviceURLs returns where sandbox services are served: the wildcard DNS
@@ -39,6 +40,15 @@ func serviceURLs(cfg *config.Config) (services.URLs, error) {
 		u.Domains = append([]string{services.LocalDomain}, u.Domains...)
 	}
 	return u, nil
+}
+
+// checkServiceLogin refuses the browser login of service URLs on a
+// gateway that serves no service host: the setting would do nothing.
+func checkServiceLogin(cfg *config.Config, u services.URLs) error {
+	if cfg.OIDC.LoginClientID != "" && len(u.Domains) == 0 {
+		return errdefs.InvalidArgument("--oidc-login-client-id: this gateway serves no service URLs (its server certificate has no wildcard DNS name and it is not bound to loopback), so the browser login would never be used")
+	}
+	return nil
 }
 
 // wildcardDomains returns the domains of "*.<domain>" names, in order.
