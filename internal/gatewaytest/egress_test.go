@@ -29,7 +29,7 @@ import (
 // out) fail; destinations a rule allows but that are cloud metadata
 // (address or name), link-local, private or unique-local (by the
 // resolver's answer) get 403 from the SSRF guard, with its reason; every
-// decision is in the sandbox's log stream. Then live reload: allow, a FAILED version that keeps the
+// decision is in the sandbox's log stream and in openshell logs. Then live reload: allow, a FAILED version that keeps the
 // previous rules, and back to deny, each within 2 s.
 func TestEgressProxy(t *testing.T) {
 	curl, port, portN := egressUpstream(t)
@@ -186,6 +186,17 @@ func TestEgressProxy(t *testing.T) {
 		},
 	}
 	waitEgressEvents(ctx, t, c, id, want)
+	// openshell logs shows them.
+	logs := newCLI(t, g).ok("logs", "egress", "--source", "sandbox")
+	for _, w := range []string{"openshell_sandbox::egress: egress allow ", "binary=" + curl + " ", "host=allowed.test ",
+		"openshell_sandbox::egress: egress deny ", "host=other.egress.test ", "reason=endpoint other.egress.test:" + port + " is not allowed by any policy"} {
+		if !strings.Contains(logs, w) {
+			t.Errorf("openshell logs egress lacks %q:\n%s", w, logs)
+		}
+	}
+	if strings.Contains(logs, "query-secret") {
+		t.Errorf("openshell logs shows the query string:\n%s", logs)
+	}
 
 	// Live reload: a new version is polled, swapped in for new
 	// connections and reported within 2 s; a version the proxy cannot
