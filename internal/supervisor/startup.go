@@ -1,9 +1,13 @@
 package supervisor
 
 import (
+	"context"
 	"runtime/debug"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 )
 
 // startupClock times the steps of a supervisor start (logged at debug
@@ -56,4 +60,24 @@ func deferGC() (resume func()) {
 		debug.SetGCPercent(pct)
 		debug.SetMemoryLimit(limit)
 	})
+}
+
+// connectSettleTimeout bounds how long the pivot waits for the gateway
+// connection to settle.
+const connectSettleTimeout = 2 * time.Second
+
+// settleConnection waits until conn is no longer idle or connecting:
+// connected, or failed (then gRPC retries it later), or until timeout.
+func settleConnection(conn *grpc.ClientConn, timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for {
+		s := conn.GetState()
+		if s != connectivity.Idle && s != connectivity.Connecting {
+			return
+		}
+		if !conn.WaitForStateChange(ctx, s) {
+			return
+		}
+	}
 }

@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"google.golang.org/grpc"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
@@ -394,11 +395,18 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var rootsWait time.Duration
+	var rootsWait, connWait time.Duration
+	var conn *grpc.ClientConn
 	cfg.beforePivot = func() {
 		t0 := time.Now()
 		roots.waitRead()
 		rootsWait = time.Since(t0)
+		// No dial may be under way while pivot_root moves the path
+		// the endpoint names (/proc/self/fd/N/...): a connection
+		// made now survives it; a failed one is retried after.
+		t0 = time.Now()
+		settleConnection(conn, connectSettleTimeout)
+		connWait = time.Since(t0)
 	}
 	startup.mark("roots")
 	// Before anything can inherit it.
@@ -419,16 +427,17 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		defer keep.Close()
 	}
 	ts := &tokenSource{}
-	conn, err := dialGateway(cfg, ts)
+	conn, err = dialGateway(cfg, ts)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
+	// The connection is made while the sandbox root is assembled (see
+	// beforePivot).
+	conn.Connect()
 	if err := setupNamespaces(&cfg); err != nil {
 		return err
 	}
-	// The endpoint's path is final now: connect while the rest starts.
-	conn.Connect()
 	if cfg.WorkspaceDir != "" {
 		if fi, err := os.Stat(cfg.WorkspaceDir); err != nil || !fi.IsDir() {
 			return fmt.Errorf("workspace directory %s is not usable (a private /tmp hides paths under /tmp): %v", cfg.WorkspaceDir, err) //nolint:errorlint // err is nil when the path is not a directory
@@ -436,6 +445,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	}
 	startup.mark("namespaces")
 	startup.note("roots_wait", rootsWait)
+	startup.note("connect_wait", connWait)
 	client := openshellv1.NewOpenShellClient(conn)
 
 	var pusher *logPusher
