@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -96,6 +97,9 @@ func TestEgressProxy(t *testing.T) {
 		t.Errorf("curl to another host = %q, want 403", out)
 	}
 	wget, err := exec.LookPath("wget")
+	if err == nil {
+		wget, err = filepath.EvalSymlinks(wget)
+	}
 	switch {
 	case err == nil:
 		if out, code := sh(wget + " -q -O - " + target); code == 0 || strings.Contains(out, "upstream saw") {
@@ -184,6 +188,13 @@ func TestEgressProxy(t *testing.T) {
 			return f["decision"] == "deny" && f["host"] == "other.egress.test" && f["binary"] == curl &&
 				f["reason"] == "endpoint other.egress.test:"+port+" is not allowed by any policy"
 		},
+	}
+	if wget != "" && err == nil {
+		// Denied for its binary, not for anything else.
+		want["deny wget"] = func(f map[string]string) bool {
+			return f["decision"] == "deny" && f["binary"] == wget && f["host"] == "allowed.test" &&
+				strings.HasPrefix(f["reason"], "binary '"+wget+"' not allowed in policy ")
+		}
 	}
 	waitEgressEvents(ctx, t, c, id, want)
 	// openshell logs shows them.
