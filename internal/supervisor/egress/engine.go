@@ -9,8 +9,10 @@ import (
 	"strings"
 
 	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/metrics"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
+	"github.com/open-policy-agent/opa/v1/topdown"
 	"github.com/open-policy-agent/opa/v1/topdown/cache"
 )
 
@@ -31,6 +33,13 @@ type engine struct {
 	// globs is the generation's own cache of compiled glob patterns,
 	// when it has more than sharedGlobs (nil: OPA's shared cache).
 	globs cache.InterQueryValueCache
+	// opts are the options of every evaluation (all but the input): set
+	// once, they spare each evaluation what OPA otherwise does per call —
+	// a goroutine watching the context for cancellation (the decision's
+	// context is never cancelled), a store transaction with its lock (one
+	// read transaction of the generation's store, which is never written,
+	// serves every evaluation) and a metrics collection nobody reads.
+	opts []rego.EvalOption
 }
 
 // sharedGlobs is how many glob patterns a generation may have before it
@@ -56,12 +65,25 @@ func newEngine(module string, rules []rule) (*engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policy engine: %w", err)
 	}
-	e := &engine{query: q}
+	// A read transaction only reads the store (no state of its own), so
+	// concurrent evaluations share it; it is never closed, as the store is
+	// never written, and goes with the generation.
+	txn, err := store.NewTransaction(context.Background())
+	if err != nil {
+		return nil, fmt.Errorf("policy engine: %w", err)
+	}
+	e := &engine{query: q, opts: []rego.EvalOption{
+		rego.EvalGenerateJSON(keepAST),
+		rego.EvalTransaction(txn),
+		rego.EvalExternalCancel(topdown.NewCancel()),
+		rego.EvalMetrics(metrics.NoOp()),
+	}}
 	if patterns > sharedGlobs {
 		size := patterns + 16
 		e.globs = cache.NewInterQueryValueCache(context.Background(), &cache.Config{
 			InterQueryBuiltinValueCache: cache.InterQueryBuiltinValueCacheConfig{MaxNumEntries: &size},
 		})
+		e.opts = append(e.opts, rego.EvalInterQueryBuiltinValueCache(e.globs))
 	}
 	return e, nil
 }
@@ -193,14 +215,8 @@ func (e *engine) eval(r Request) (verdict, error) {
 		ast.Item(ast.InternedTerm("exe"), ast.StringTerm(r.Exe)),
 		ast.Item(ast.InternedTerm("ancestors"), ast.ArrayTerm(anc...)),
 	)
-	var rs rego.ResultSet
-	var err error
-	if e.globs == nil {
-		rs, err = e.query.Eval(context.Background(), rego.EvalParsedInput(input), rego.EvalGenerateJSON(keepAST))
-	} else {
-		rs, err = e.query.Eval(context.Background(), rego.EvalParsedInput(input), rego.EvalGenerateJSON(keepAST),
-			rego.EvalInterQueryBuiltinValueCache(e.globs))
-	}
+	opts := make([]rego.EvalOption, 0, len(e.opts)+1)
+	rs, err := e.query.Eval(context.Background(), append(append(opts, e.opts...), rego.EvalParsedInput(input))...)
 	if err != nil {
 		return verdict{}, err
 	}
