@@ -84,7 +84,7 @@ func defaultPolicy() *sandboxv1.SandboxPolicy {
 		Version: 1,
 		Filesystem: &sandboxv1.FilesystemPolicy{
 			IncludeWorkdir: true,
-			ReadOnly:       []string{"/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"},
+			ReadOnly:       []string{"/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/var/log"},
 			ReadWrite:      []string{"/tmp"},
 		},
 		Landlock: &sandboxv1.LandlockPolicy{Compatibility: "best_effort"},

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
@@ -20,6 +21,9 @@ type logPusher struct {
 	max       int
 	batch     int
 
+	// tap, when set, sees every line first (the OCSF JSON file).
+	tap atomic.Pointer[func(*openshellv1.SandboxLogLine)]
+
 	mu      sync.Mutex
 	lines   []*openshellv1.SandboxLogLine
 	dropped int
@@ -33,11 +37,17 @@ func newLogPusher(client openshellv1.OpenShellClient, sandboxID string, max int)
 	return &logPusher{client: client, sandboxID: sandboxID, max: max, batch: 256, wake: make(chan struct{}, 1)}
 }
 
+// setTap makes tap see every line added from now on.
+func (p *logPusher) setTap(tap func(*openshellv1.SandboxLogLine)) { p.tap.Store(&tap) }
+
 func (p *logPusher) add(l *openshellv1.SandboxLogLine) {
 	if p == nil {
 		return
 	}
 	l.SandboxId = p.sandboxID
+	if tap := p.tap.Load(); tap != nil {
+		(*tap)(l)
+	}
 	p.mu.Lock()
 	if len(p.lines) >= p.max {
 		n := len(p.lines) - p.max + 1

@@ -341,7 +341,8 @@ func enterSandboxRoot(cfg *Config) error {
 }
 
 // populateRoot mounts what every sandbox root holds: the workspace at
-// /sandbox, a fresh proc, a minimal /dev, a private /tmp, and the gateway
+// /sandbox, a fresh proc, a minimal /dev, a private /tmp, the supervisor's
+// /var/log (mountLogDir), and the gateway
 // socket's directory (bound read-only on the /dev tmpfs, detached again
 // after the pivot).
 func populateRoot(root string, wsFD, gwFD int) error {
@@ -371,6 +372,9 @@ func populateRoot(root string, wsFD, gwFD int) error {
 	}
 	if err := unix.Mount("tmpfs", dst, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
 		return fmt.Errorf("mount private tmp at %s: %w", dst, err)
+	}
+	if err := mountLogDir(root); err != nil {
+		return err
 	}
 	if gwFD >= 0 {
 		dst = filepath.Join(root, gatewayDirInRootfs)

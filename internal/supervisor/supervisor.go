@@ -556,9 +556,15 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	<-egReady // prepare waited for it, unless the gateway sent no policy
 	startup.note("egress", egTook)
 	cfg.agentEnv = eg.env
-	pl.setSettings(loaded.settings)
+	ocsf, err := newOCSFLog(log.With("component", "ocsf"), cfg.SandboxID, sandboxLogDir, nil)
+	if err != nil {
+		return err
+	}
+	pusher.setTap(ocsf.observe)
+	settings := func(s map[string]*sandboxv1.EffectiveSetting) { pl.setSettings(s); ocsf.setSettings(s) }
+	settings(loaded.settings)
 	wg.Go(func() {
-		watchPolicy(ctx, log.With("component", "config"), client, cfg.SandboxID, loaded, policyPollInterval, reload, pl.setSettings)
+		watchPolicy(ctx, log.With("component", "config"), client, cfg.SandboxID, loaded, policyPollInterval, reload, settings)
 	})
 	if eg.proxy != nil {
 		wg.Go(func() {

@@ -1,0 +1,94 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/securityevent"
+)
+
+func ocsfSetting(on bool) map[string]*sandboxv1.EffectiveSetting {
+	return map[string]*sandboxv1.EffectiveSetting{ocsfSettingKey: {Value: &sandboxv1.SettingValue{Value: &sandboxv1.SettingValue_BoolValue{BoolValue: on}}}}
+}
+
+func denyLine(host string) *openshellv1.SandboxLogLine {
+	return &openshellv1.SandboxLogLine{
+		Target: securityevent.TargetEgress, Message: "egress decision",
+		Fields: map[string]string{"decision": "deny", "kind": "http", "host": host, "port": "80", "method": "GET",
+			"path": "/p?token=query-secret", "binary": "/usr/bin/curl", "pid": "7", "reason": "not allowed"},
+	}
+}
+
+// TestOCSFLogFile: lines are written only while the setting is on, to a
+// file named by the UTC date that changes with it, mode 0644, one OCSF
+// record per line without the query; a symlink planted at the day's name
+// is not followed.
+func TestOCSFLogFile(t *testing.T) {
+	dir := t.TempDir()
+	var mu sync.Mutex
+	now := time.Date(2026, 3, 1, 23, 59, 0, 0, time.FixedZone("UTC+5", 5*3600)) // 18:59 UTC
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	o, err := newOCSFLog(slog.New(slog.NewTextHandler(io.Discard, nil)), "sb-1", dir, clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.observe(denyLine("off.test"))
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("files written with the setting unset: %v", ents)
+	}
+	o.setSettings(ocsfSetting(true))
+	o.observe(denyLine("day1.test"))
+	o.observe(&openshellv1.SandboxLogLine{Target: "main_process", Message: "hello"}) // not an event
+	mu.Lock()
+	now = now.Add(6 * time.Hour) // 00:59 UTC the next day
+	mu.Unlock()
+	o.observe(denyLine("day2.test"))
+	o.setSettings(ocsfSetting(false))
+	o.observe(denyLine("off-again.test"))
+
+	for day, host := range map[string]string{"2026-03-01": "day1.test", "2026-03-02": "day2.test"} {
+		p := filepath.Join(dir, "openshell-ocsf."+day+".log")
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := os.Stat(p); st.Mode().Perm() != 0o644 {
+			t.Errorf("%s mode %v, want 0644", p, st.Mode().Perm())
+		}
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		var r securityevent.Record
+		if len(lines) != 1 || json.Unmarshal([]byte(lines[0]), &r) != nil {
+			t.Fatalf("%s = %q, want one JSON record", p, data)
+		}
+		if r.DstEndpoint == nil || r.DstEndpoint.Hostname != host || r.ClassUID != int(securityevent.HTTPActivity) ||
+			r.Unmapped["sandbox_id"] != "sb-1" || r.HTTPRequest.URL.Path != "/p" || strings.Contains(string(data), "query-secret") {
+			t.Errorf("%s record = %s, want a denied HTTP Activity to %s of sb-1, path /p without the query", p, data, host)
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 2 {
+		t.Errorf("files = %v, want the two days only", ents)
+	}
+
+	// A symlink at the day's name is refused, not followed.
+	target := filepath.Join(t.TempDir(), "target")
+	if err := os.Symlink(target, filepath.Join(dir, "openshell-ocsf.2026-03-03.log")); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	now = now.Add(24 * time.Hour)
+	mu.Unlock()
+	o.setSettings(ocsfSetting(true))
+	o.observe(denyLine("day3.test"))
+	if _, err := os.Lstat(target); !os.IsNotExist(err) {
+		t.Errorf("the symlink's target was created (err %v)", err)
+	}
+}
