@@ -119,6 +119,33 @@ type egressRunner struct {
 	fence     *nftfence.Fence                // installed by fenceAgents
 	fenceErr  error                          // why fenceAgents failed (wraps errAgentNetworkOpen)
 	inference *supinference.Router           // serves inference.local (nil when no proxy runs)
+
+	// The snapshot of a policy without network rules, compiled in the
+	// background from the start (compiling the Rego engine is the
+	// costliest part of loading a policy); nil done: not prepared.
+	noRulesDone chan struct{}
+	noRules     *egress.Snapshot
+	noRulesErr  error
+}
+
+// prepareNoRules compiles the snapshot of a policy without network rules
+// in the background.
+func (e *egressRunner) prepareNoRules() {
+	e.noRulesDone = make(chan struct{})
+	go func() {
+		defer close(e.noRulesDone)
+		e.noRules, e.noRulesErr = egress.Compile(nil)
+	}()
+}
+
+// compile is egress.Compile of p's network rules, or the snapshot
+// prepareNoRules compiled when p has none.
+func (e *egressRunner) compile(p *sandboxv1.SandboxPolicy) (*egress.Snapshot, error) {
+	if len(p.GetNetworkPolicies()) == 0 && e.noRulesDone != nil {
+		<-e.noRulesDone
+		return e.noRules, e.noRulesErr
+	}
+	return egress.Compile(p.GetNetworkPolicies())
 }
 
 // takeEgressDialer takes over the host dialer descriptor before anything
@@ -208,8 +235,9 @@ func startEgress(ctx context.Context, log *slog.Logger, cfg Config, dialer *host
 	}
 	e.inference = newInferenceRouter(log.With("component", "inference"), cfg, resolver, dial)
 	// No snapshot: the proxy denies every connection ("no network policy
-	// loaded") until load installs the policy's, without compiling an
-	// empty policy's Rego engine at every start.
+	// loaded") until load installs the policy's. The snapshot of a policy
+	// without network rules is compiled meanwhile.
+	e.prepareNoRules()
 	e.proxy = egress.New(egress.Config{
 		Inference:     serveInference(e.inference),
 		PolicyLocal:   cfg.policyLocal.serve,
@@ -411,7 +439,7 @@ func (e *egressRunner) load(p *sandboxv1.SandboxPolicy) error {
 	if e.proxy == nil {
 		return e.withFence(e.why)
 	}
-	snap, err := egress.Compile(p.GetNetworkPolicies())
+	snap, err := e.compile(p)
 	e.proxy.SetSnapshot(snap) // leaves out what is not enforced: fail closed
 	e.logNotes(snap)
 	return e.withFence(err)
@@ -434,7 +462,7 @@ func (e *egressRunner) reload(p *sandboxv1.SandboxPolicy) error {
 	if e.proxy == nil {
 		return e.withFence(e.why)
 	}
-	snap, err := egress.Compile(p.GetNetworkPolicies())
+	snap, err := e.compile(p)
 	if err != nil {
 		return e.withFence(fmt.Errorf("%w; the previous network rules stay in force", err))
 	}
