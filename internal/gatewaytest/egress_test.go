@@ -29,14 +29,19 @@ import (
 // binary, 403) and a direct connection to the upstream's port (no route
 // out) fail; destinations a rule allows but that are cloud metadata
 // (address or name), link-local, private or unique-local (by the
-// resolver's answer) get 403 from the SSRF guard, with its reason; every
+// resolver's answer, also a private address next to an allowed one) get
+// 403 from the SSRF guard, with its reason; every
 // decision is in the sandbox's log stream and in openshell logs. Then live reload: allow, a FAILED version that keeps the
 // previous rules, and back to deny, each within 2 s.
 func TestEgressProxy(t *testing.T) {
 	curl, port, portN := egressUpstream(t)
 
 	g := Start(t, Options{Env: []string{"OPENSHELL_EGRESS_TEST_HOSTS=allowed.test=127.0.0.1,other.egress.test=127.0.0.1,internal.egress.test=127.0.0.1," +
-		"linklocal.egress.test=169.254.169.254,private.egress.test=10.1.2.3,ula.egress.test=fd00::1"}})
+		"linklocal.egress.test=169.254.169.254,private.egress.test=10.1.2.3,ula.egress.test=fd00::1," +
+		// Two answers for one name: the allowed loopback address first,
+		// then a private one (a rebinding answer); the whole answer is
+		// checked, not only the address that would be dialed first.
+		"mixed.egress.test=127.0.0.1,mixed.egress.test=10.1.2.3"}})
 	c := g.Client()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
@@ -48,6 +53,7 @@ func TestEgressProxy(t *testing.T) {
 				// Allowed by name, but it resolves to loopback and
 				// allowed_ips does not say so: the SSRF guard refuses it.
 				{Host: "internal.egress.test", Port: portN},
+				{Host: "mixed.egress.test", Port: portN, AllowedIps: []string{"127.0.0.1"}},
 			},
 			Binaries: []*sandboxv1.NetworkBinary{{Path: curl}},
 		},
@@ -125,7 +131,7 @@ func TestEgressProxy(t *testing.T) {
 		t.Errorf("allowed host on another port = exit %d %q, want 403", code, out)
 	}
 	for _, u := range []string{"http://169.254.169.254/latest/meta-data/", "http://metadata.google.internal/computeMetadata/v1/",
-		"http://linklocal.egress.test:" + port + "/", "http://private.egress.test:" + port + "/", "http://ula.egress.test:" + port + "/"} {
+		"http://mixed.egress.test:" + port + "/", "http://linklocal.egress.test:" + port + "/", "http://private.egress.test:" + port + "/", "http://ula.egress.test:" + port + "/"} {
 		if out, code := sh(curl + " -s --max-time 10 -o /dev/null -w '%{http_code}' " + u); out != "403" {
 			t.Errorf("%s = exit %d %q, want 403 (SSRF guard)", u, code, out)
 		}
@@ -168,6 +174,10 @@ func TestEgressProxy(t *testing.T) {
 		"deny metadata name": func(f map[string]string) bool {
 			return f["decision"] == "deny" && f["host"] == "metadata.google.internal" && f["policy"] == "internal" &&
 				f["reason"] == "host metadata.google.internal is a cloud metadata service"
+		},
+		"deny name resolving to loopback and private": func(f map[string]string) bool {
+			return f["decision"] == "deny" && f["host"] == "mixed.egress.test" && f["policy"] == "upstream" &&
+				f["reason"] == "address 10.1.2.3 is internal (loopback, link-local, private or reserved) and not in the endpoint's allowed_ips"
 		},
 		"deny name resolving to link-local": func(f map[string]string) bool {
 			return f["decision"] == "deny" && f["host"] == "linklocal.egress.test" && f["policy"] == "internal" &&
