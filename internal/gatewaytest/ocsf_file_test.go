@@ -16,15 +16,16 @@ import (
 
 // TestOCSFJSONFile: a real sandbox (process driver) whose policy lets the
 // agent read /var/log. With ocsf_json_enabled unset, a denied request
-// leaves no /var/log/openshell-ocsf.*.log. Set on the sandbox through
+// leaves a shorthand line in /var/log/openshell.<UTC date>.log and no
+// /var/log/openshell-ocsf.*.log. Set on the sandbox through
 // UpdateConfig, the running supervisor picks it up: a denied forward
 // request and a denied CONNECT appear in /var/log/openshell-ocsf.<UTC
 // date>.log, read from inside the sandbox, as OCSF HTTP and Network
 // Activity records of openshell-sandbox with the sandbox as subject; the
 // header secret, the query string and the credential placeholder the
 // request carried are not in the file. The agent (uid sandbox) can read
-// the file but cannot append to, truncate, replace, rename or remove it,
-// nor create a file next to it. Set false again, new denials add nothing.
+// the files but cannot append to, truncate, replace, rename or remove
+// them, nor create a file next to them. Set false again, new denials add nothing.
 func TestOCSFJSONFile(t *testing.T) {
 	const (
 		headerSecret = "planted-header-secret-7a41"
@@ -64,15 +65,25 @@ func TestOCSFJSONFile(t *testing.T) {
 		}
 	}
 
-	// Off: the decision reaches the gateway, no file is written.
+	// Off: the decision reaches the gateway and the shorthand file (the
+	// supervisor writes it before it pushes the line), no OCSF file.
+	day0 := time.Now().UTC().Format(time.DateOnly)
 	if out, _ := sh(denyHTTP); out != "403" {
 		t.Fatalf("denied request = %q, want 403", out)
 	}
 	waitEgressEvents(ctx, t, c, id, map[string]func(map[string]string) bool{
 		"deny": func(f map[string]string) bool { return f["decision"] == "deny" && f["host"] == "denied.ocsf.test" },
 	})
-	if out, code := sh("ls -A /var/log"); code != 0 || out != "" {
-		t.Fatalf("/var/log with ocsf_json_enabled unset: %q (exit %d), want an empty, readable directory", out, code)
+	day1 := time.Now().UTC().Format(time.DateOnly)
+	short := "openshell." + day1 + ".log"
+	if out, code := sh("ls -A /var/log"); code != 0 || (out != short && out != "openshell."+day0+".log") {
+		t.Fatalf("/var/log with ocsf_json_enabled unset: %q (exit %d), want only %s", out, code, short)
+	} else {
+		short = "/var/log/" + out
+	}
+	wantShort := "DENIED http " + curl + " -> denied.ocsf.test:" + port + " GET reason: "
+	if out, _ := sh("cat " + short); !strings.Contains(out, wantShort) {
+		t.Errorf("shorthand log = %q, want a line with %q", out, wantShort)
 	}
 
 	// On: the running supervisor reads it from its config poll.
@@ -121,8 +132,9 @@ func TestOCSFJSONFile(t *testing.T) {
 		}
 	}
 	after := time.Now().UTC().Format(time.DateOnly)
-	if ls, _ := sh("ls -A /var/log"); ls != "openshell-ocsf."+before+".log" && ls != "openshell-ocsf."+after+".log" {
-		t.Errorf("/var/log holds %q, want only openshell-ocsf.%s.log", ls, after)
+	file, _ := sh("ls /var/log/openshell-ocsf.*")
+	if file != "/var/log/openshell-ocsf."+before+".log" && file != "/var/log/openshell-ocsf."+after+".log" {
+		t.Errorf("OCSF files %q, want only /var/log/openshell-ocsf.%s.log", file, after)
 	}
 	for _, r := range recs {
 		if r.Metadata.Product.Name != securityevent.SandboxProduct || r.Unmapped["sandbox_id"] != id || r.Metadata.Version != securityevent.OCSFVersion {
@@ -145,16 +157,14 @@ func TestOCSFJSONFile(t *testing.T) {
 	}
 
 	// The agent reads the file; it cannot change it or the directory.
-	file := "/var/log/openshell-ocsf." + after + ".log"
-	if out, _ := sh("ls -A /var/log"); out != "openshell-ocsf."+after+".log" {
-		file = "/var/log/" + out
+	if out, _ := sh("id -un; stat -c '%a %u' /var/log " + file + " " + short); out != "sandbox\n755 0\n644 0\n644 0" {
+		t.Errorf("agent user, modes and owners of /var/log, the OCSF and the shorthand file = %q, want sandbox, 755 0, 644 0, 644 0", out)
 	}
-	if out, _ := sh("id -un; stat -c '%a %u' /var/log " + file); !strings.HasPrefix(out, "sandbox\n755 0\n644 0") {
-		t.Errorf("agent user, /var/log and file mode and owner = %q, want sandbox, 755 0, 644 0", out)
-	}
-	size, _ := sh("wc -c < " + file)
+	ls, _ := sh("ls -A /var/log")
+	sizes, _ := sh("wc -c " + file + " " + short)
 	for _, attempt := range []string{
 		"echo forged >> " + file,
+		"echo forged >> " + short,
 		": > " + file,
 		"truncate -s 0 " + file,
 		"rm -f " + file,
@@ -168,14 +178,14 @@ func TestOCSFJSONFile(t *testing.T) {
 			t.Errorf("agent %q: status %q (exit %d), want it refused", attempt, out, code)
 		}
 	}
-	if now, _ := sh("wc -c < " + file); now < size || len(now) < len(size) {
-		t.Errorf("file size after the agent's attempts = %s, was %s", now, size)
+	if now, _ := sh("wc -c " + file + " " + short); now != sizes {
+		t.Errorf("file sizes after the agent's attempts = %q, were %q", now, sizes)
 	}
-	if out, _ := sh("ls -A /var/log; grep -c forged " + file); out != strings.TrimPrefix(file, "/var/log/")+"\n0" {
-		t.Errorf("after the agent's attempts /var/log and forged lines: %q", out)
+	if now, _ := sh("ls -A /var/log"); now != ls {
+		t.Errorf("/var/log after the agent's attempts = %q, was %q", now, ls)
 	}
 
-	// Off again: new denials are not written.
+	// Off again: new denials are not written to the OCSF file.
 	setOCSF(false)
 	waitLogLine(ctx, t, c, id, "OCSF JSON log disabled")
 	lines, _ := sh("cat /var/log/openshell-ocsf.*.log | wc -l")

@@ -1,11 +1,14 @@
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,21 +27,29 @@ const (
 	// agent sees it (a tmpfs of the supervisor's in a process-driver
 	// sandbox, see mountLogDir).
 	sandboxLogDir = "/var/log"
-	// ocsfFilePrefix names the daily files: openshell-ocsf.YYYY-MM-DD.log
-	// (UTC date).
+	// ocsfFilePrefix names the daily OCSF files:
+	// openshell-ocsf.YYYY-MM-DD.log (UTC date).
 	ocsfFilePrefix = "openshell-ocsf."
+	// shortFilePrefix names the daily shorthand files:
+	// openshell.YYYY-MM-DD.log (UTC date).
+	shortFilePrefix = "openshell."
+	// maxShortLine bounds a shorthand line.
+	maxShortLine = 1024
 )
 
-// ocsfLog writes the supervisor's egress and inference decisions as OCSF
-// JSON lines, the same records the gateway's security event stream has
+// ocsfLog writes the supervisor's egress and inference decisions to two
+// daily files in dir: always a shorthand line each (openshell.<date>.log),
+// and, while the ocsf_json_enabled setting is true (read from every config
+// poll), an OCSF JSON line each (openshell-ocsf.<date>.log): the same
+// records the gateway's security event stream has
 // (securityevent.FromSandboxLog: identifiers only, no query, header, body
-// or placeholder), to a daily file in dir while the ocsf_json_enabled
-// setting is true. It is read from every config poll.
+// or placeholder), rate limited like the gateway's.
 type ocsfLog struct {
 	log       *slog.Logger
 	sandboxID string
 	on        atomic.Bool
-	file      *dailyFile
+	file      *dailyFile // OCSF JSON
+	short     *dailyFile
 	events    *securityevent.Log
 }
 
@@ -46,10 +57,75 @@ func newOCSFLog(log *slog.Logger, sandboxID, dir string, now func() time.Time) (
 	if now == nil {
 		now = time.Now
 	}
-	o := &ocsfLog{log: log, sandboxID: sandboxID, file: &dailyFile{dir: dir, now: now}}
+	o := &ocsfLog{
+		log: log, sandboxID: sandboxID,
+		file:  &dailyFile{dir: dir, prefix: ocsfFilePrefix, now: now},
+		short: &dailyFile{dir: dir, prefix: shortFilePrefix, now: now},
+	}
 	var err error
-	o.events, err = securityevent.New(securityevent.Options{Sink: o.file, Now: now, Product: securityevent.SandboxProduct})
+	o.events, err = securityevent.New(securityevent.Options{
+		Sink: jsonGate{o}, Now: now, Product: securityevent.SandboxProduct,
+		OnSandboxEvent: func(_ string, _ []byte, ev securityevent.Event) {
+			_, _ = o.short.Write([]byte(shorthand(ev) + "\n")) // a full /var/log drops the line
+		},
+	})
 	return o, err
+}
+
+// jsonGate passes the JSON lines to the OCSF file while the setting is on.
+type jsonGate struct{ o *ocsfLog }
+
+func (g jsonGate) Write(p []byte) (int, error) {
+	if !g.o.on.Load() {
+		return len(p), nil
+	}
+	return g.o.file.Write(p)
+}
+
+// shorthand is the line of ev in the shorthand file: the UTC time, the
+// action (ALLOWED, DENIED, AUDITED; FINDING for a detection, SUPPRESSED
+// for a rate-limit summary), kind, binary, destination, method and path
+// (never a query), policy rule and reason.
+func shorthand(ev securityevent.Event) string {
+	b := strings.Builder{}
+	b.WriteString(ev.Time.UTC().Format(time.RFC3339Nano))
+	switch {
+	case ev.Finding != nil && ev.Finding.UID == securityevent.FindingEventsSuppressed:
+		b.WriteString(" SUPPRESSED " + ev.Fields["suppressed"] + " decisions: over the rate limit")
+		return b.String()
+	case ev.Finding != nil:
+		b.WriteString(" FINDING " + ev.Finding.UID)
+	default:
+		b.WriteString(" " + strings.ToUpper(map[securityevent.Outcome]string{
+			securityevent.Success: "allowed", securityevent.Denied: "denied", securityevent.Audited: "audited",
+		}[ev.Outcome]))
+	}
+	b.WriteString(" " + cmp.Or(ev.Fields["kind"], "-") + " ")
+	if ev.Process != nil {
+		b.WriteString(ev.Process.Name)
+	} else {
+		b.WriteString("-")
+	}
+	if ev.Dst != nil {
+		b.WriteString(" -> " + ev.Dst.Hostname + ":" + strconv.Itoa(ev.Dst.Port))
+	}
+	if ev.HTTP != nil {
+		b.WriteString(" " + ev.HTTP.Method)
+		if ev.HTTP.URL != nil && ev.HTTP.URL.Path != "" {
+			b.WriteString(" " + ev.HTTP.URL.Path)
+		}
+	}
+	if ev.Rule != nil && ev.Rule.Name != "" {
+		b.WriteString(" policy:" + ev.Rule.Name)
+	}
+	if ev.StatusDetail != "" {
+		b.WriteString(" reason: " + ev.StatusDetail)
+	}
+	line := strings.ReplaceAll(b.String(), "\n", " ")
+	if len(line) > maxShortLine {
+		line = strings.ToValidUTF8(line[:maxShortLine], "")
+	}
+	return line
 }
 
 // setSettings applies the effective settings of a config poll.
@@ -71,7 +147,7 @@ func (o *ocsfLog) setSettings(s map[string]*sandboxv1.EffectiveSetting) {
 
 // observe records the events of one log line the supervisor emits.
 func (o *ocsfLog) observe(l *openshellv1.SandboxLogLine) {
-	if o == nil || !o.on.Load() {
+	if o == nil {
 		return
 	}
 	for _, ev := range securityevent.FromSandboxLog(l) {
@@ -80,12 +156,13 @@ func (o *ocsfLog) observe(l *openshellv1.SandboxLogLine) {
 	}
 }
 
-// dailyFile appends to dir/openshell-ocsf.<UTC date>.log, switching files
-// when the date changes. Files are created 0644: readable by the agent,
+// dailyFile appends to dir/<prefix><UTC date>.log, switching files when
+// the date changes. Files are created 0644: readable by the agent,
 // writable by the supervisor's user only.
 type dailyFile struct {
-	dir string
-	now func() time.Time
+	dir    string
+	prefix string
+	now    func() time.Time
 
 	mu  sync.Mutex
 	day string
@@ -101,7 +178,7 @@ func (d *dailyFile) Write(p []byte) (int, error) {
 		d.f = nil
 	}
 	if d.f == nil {
-		f, err := openLogFile(filepath.Join(d.dir, ocsfFilePrefix+day+".log"))
+		f, err := openLogFile(filepath.Join(d.dir, d.prefix+day+".log"))
 		if err != nil {
 			return 0, err
 		}

@@ -28,10 +28,11 @@ func denyLine(host string) *openshellv1.SandboxLogLine {
 	}
 }
 
-// TestOCSFLogFile: lines are written only while the setting is on, to a
-// file named by the UTC date that changes with it, mode 0644, one OCSF
-// record per line without the query; a symlink planted at the day's name
-// is not followed.
+// TestOCSFLogFile: OCSF lines are written only while the setting is on,
+// to a file named by the UTC date that changes with it, mode 0644, one
+// record per line without the query; the shorthand file has a line per
+// decision whatever the setting; a symlink planted at the day's name is
+// not followed.
 func TestOCSFLogFile(t *testing.T) {
 	dir := t.TempDir()
 	var mu sync.Mutex
@@ -42,8 +43,8 @@ func TestOCSFLogFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	o.observe(denyLine("off.test"))
-	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
-		t.Fatalf("files written with the setting unset: %v", ents)
+	if m, _ := filepath.Glob(filepath.Join(dir, "openshell-ocsf.*")); len(m) != 0 {
+		t.Fatalf("OCSF files written with the setting unset: %v", m)
 	}
 	o.setSettings(ocsfSetting(true))
 	o.observe(denyLine("day1.test"))
@@ -74,8 +75,28 @@ func TestOCSFLogFile(t *testing.T) {
 			t.Errorf("%s record = %s, want a denied HTTP Activity to %s of sb-1, path /p without the query", p, data, host)
 		}
 	}
-	if ents, _ := os.ReadDir(dir); len(ents) != 2 {
-		t.Errorf("files = %v, want the two days only", ents)
+	if m, _ := filepath.Glob(filepath.Join(dir, "openshell-ocsf.*")); len(m) != 2 {
+		t.Errorf("OCSF files = %v, want the two days only", m)
+	}
+	// The shorthand file has every decision, whatever the setting.
+	for day, want := range map[string][]string{
+		"2026-03-01": {"DENIED http /usr/bin/curl -> off.test:80 GET /p reason: not allowed", "DENIED http /usr/bin/curl -> day1.test:80 GET /p reason: not allowed"},
+		"2026-03-02": {"DENIED http /usr/bin/curl -> day2.test:80 GET /p reason: not allowed", "DENIED http /usr/bin/curl -> off-again.test:80 GET /p reason: not allowed"},
+	} {
+		p := filepath.Join(dir, "openshell."+day+".log")
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		if len(lines) != len(want) || strings.Contains(string(data), "query-secret") {
+			t.Fatalf("%s = %q, want %d lines without the query", p, data, len(want))
+		}
+		for i, l := range lines {
+			if _, rest, _ := strings.Cut(l, " "); rest != want[i] {
+				t.Errorf("%s line %d = %q, want the time and %q", p, i, l, want[i])
+			}
+		}
 	}
 
 	// A symlink at the day's name is refused, not followed.
