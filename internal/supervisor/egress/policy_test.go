@@ -125,6 +125,8 @@ func TestDecide(t *testing.T) {
 	runDecideCases(t, s, []decideCase{
 		{"exact host, binary", Request{Host: "api.github.com", Port: 443, Exe: "/usr/bin/curl"}, "github", ""},
 		{"wrong port", Request{Host: "api.github.com", Port: 80, Exe: "/usr/bin/curl"}, "", "endpoint api.github.com:80 is not allowed by any policy"},
+		{"adjacent port", Request{Host: "api.github.com", Port: 444, Exe: "/usr/bin/curl"}, "", "endpoint api.github.com:444 is not allowed by any policy"},
+		{"port below", Request{Host: "api.github.com", Port: 442, Exe: "/usr/bin/curl"}, "", "endpoint api.github.com:442 is not allowed by any policy"},
 		{"wrong binary", Request{Host: "api.github.com", Port: 443, Exe: "/usr/bin/wget"}, "", "binary '/usr/bin/wget' not allowed in policy 'github'"},
 		{"ancestor binary", Request{Host: "api.github.com", Port: 443, Exe: "/usr/bin/git-remote-https", Ancestors: []string{"/usr/bin/git", "/usr/bin/curl"}}, "github", ""},
 		{"one-label wildcard", Request{Host: "raw.githubusercontent.com", Port: 443, Exe: "/usr/bin/curl"}, "github", ""},
