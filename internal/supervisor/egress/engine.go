@@ -90,13 +90,15 @@ func newEngine(module string, rules []rule) (*engine, error) {
 
 // regoData is data.egress (see policy.rego): the rules in Snapshot order
 // with their binaries split into exact paths and patterns, and the
-// endpoints the snapshot kept grouped by port and by exact host, as
-// [rule index, endpoint index] pairs (indices of Snapshot.rules). It is a
-// lookup form of the policy, not a decision: every match is Rego's. It
+// endpoints the snapshot kept grouped by port, then by exact host or by
+// host pattern under its tail (hostTail), as [rule index, endpoint index]
+// pairs (indices of Snapshot.rules). It is a lookup form of the policy, not
+// a decision: every match is Rego's. It
 // also returns the number of glob patterns (host and binary) in it.
 func regoData(rules []rule) (ast.Object, int) {
 	type portIndex struct {
-		exact, globs      map[string][]*ast.Term
+		exact             map[string][]*ast.Term
+		globs             map[string]map[string][]*ast.Term // by tail, then pattern
 		anyHost, hostless []*ast.Term
 	}
 	ports := map[uint32]*portIndex{}
@@ -109,7 +111,7 @@ func regoData(rules []rule) (ast.Object, int) {
 			for _, p := range ep.ports {
 				x := ports[p]
 				if x == nil {
-					x = &portIndex{exact: map[string][]*ast.Term{}, globs: map[string][]*ast.Term{}}
+					x = &portIndex{exact: map[string][]*ast.Term{}, globs: map[string]map[string][]*ast.Term{}}
 					ports[p] = x
 				}
 				switch {
@@ -119,11 +121,14 @@ func regoData(rules []rule) (ast.Object, int) {
 				case host == "*" || host == "**":
 					x.anyHost = append(x.anyHost, at)
 				case strings.Contains(host, "*"):
-					g := globPattern(host)
-					if x.globs[g] == nil {
+					g, t := globPattern(host), hostTail(host)
+					if x.globs[t] == nil {
+						x.globs[t] = map[string][]*ast.Term{}
+					}
+					if x.globs[t][g] == nil {
 						patterns++
 					}
-					x.globs[g] = append(x.globs[g], at)
+					x.globs[t][g] = append(x.globs[t][g], at)
 				default:
 					x.exact[host] = append(x.exact[host], at)
 				}
@@ -149,7 +154,7 @@ func regoData(rules []rule) (ast.Object, int) {
 	for p, x := range ports {
 		portsOut.Insert(ast.StringTerm(strconv.FormatUint(uint64(p), 10)), ast.ObjectTerm(
 			ast.Item(ast.InternedTerm("exact_hosts"), ast.NewTerm(termLists(x.exact))),
-			ast.Item(ast.InternedTerm("glob_hosts"), ast.NewTerm(termLists(x.globs))),
+			ast.Item(ast.InternedTerm("glob_hosts"), ast.NewTerm(tailLists(x.globs))),
 			ast.Item(ast.InternedTerm("any_host"), ast.ArrayTerm(x.anyHost...)),
 			ast.Item(ast.InternedTerm("hostless"), ast.ArrayTerm(x.hostless...)),
 		))
@@ -167,6 +172,29 @@ func termLists(m map[string][]*ast.Term) ast.Object {
 		obj.Insert(ast.StringTerm(k), ast.ArrayTerm(ts...))
 	}
 	return obj
+}
+
+// tailLists is m as an object of objects of arrays.
+func tailLists(m map[string]map[string][]*ast.Term) ast.Object {
+	obj := ast.NewObject()
+	for k, ts := range m {
+		obj.Insert(ast.StringTerm(k), ast.NewTerm(termLists(ts)))
+	}
+	return obj
+}
+
+// hostTail is the labels of a host pattern after its last label
+// containing '*' ("" when that is the last label). Every host the pattern
+// matches ends with "." and the tail, as both are literal at the end of
+// the pattern: policy.rego tries a pattern only on a host ending so,
+// instead of every pattern of the port on every host.
+func hostTail(pattern string) string {
+	i := strings.LastIndexByte(pattern, '*')
+	j := strings.IndexByte(pattern[i:], '.')
+	if j < 0 {
+		return ""
+	}
+	return pattern[i+j+1:]
 }
 
 // globPattern escapes, in an entry containing '*', every glob meta

@@ -12,13 +12,16 @@
 #     "ports": the endpoints by port (decimal string), as [rule index,
 #       endpoint index] pairs:
 #       {port: {"exact_hosts": {host: [[i, j]]},
-#               "glob_hosts": {pattern: [[i, j]]},
+#               "glob_hosts": {tail: {pattern: [[i, j]]}},
 #               "any_host": [[i, j]],   host "*" or "**"
 #               "hostless": [[i, j]]}}
 #     Hosts are lower-cased. A host or binary entry containing "*" is a
 #     pattern; in it every glob meta character of glob.match but "*" is
-#     escaped, so "*" and "**" are the only wildcards. A hostless endpoint
-#     is listed only when it has allowed_ips.
+#     escaped, so "*" and "**" are the only wildcards. A host pattern is
+#     filed under its tail: the labels after its last label containing "*"
+#     as written ("example.com" for "*.example.com" and "*.s3.*.example.com",
+#     "" for "api.*"); a host it matches ends with "." and the tail. A
+#     hostless endpoint is listed only when it has allowed_ips.
 #
 # The result is data.openshell.egress.decision:
 #   {"allow": true, "rule": index of the first allowing rule,
@@ -60,9 +63,18 @@ hits contains m if {
 
 # Wildcard host with "." as separator: "*" matches within one DNS label
 # ("*.example.com", "*-aiplatform.googleapis.com", "*.s3.*.amazonaws.com"),
-# "**" across labels ("**.example.com").
+# "**" across labels ("**.example.com"). Only the patterns filed under a
+# tail the host ends with are tried: those under the host's part after
+# each of its dots, and those under "" (whatever the host).
 hits contains m if {
-	some pattern, ms in on_port.glob_hosts
+	some i in indexof_n(host, ".")
+	some pattern, ms in on_port.glob_hosts[substring(host, i + 1, -1)]
+	glob.match(pattern, ["."], host)
+	some m in ms
+}
+
+hits contains m if {
+	some pattern, ms in on_port.glob_hosts[""]
 	glob.match(pattern, ["."], host)
 	some m in ms
 }
@@ -105,23 +117,12 @@ matches := {m | some m in all_hits; m[0] in allowing_rules}
 
 decision := {"allow": true, "rule": min(allowing_rules), "matches": matches} if {
 	count(allowing_rules) > 0
-}
-
-decision := {"allow": false, "reason": deny_reason} if {
-	count(allowing_rules) == 0
-}
+} else := {"allow": false, "reason": deny_reason}
 
 # --- Deny reasons ---
 
 deny_reason := "network connections not allowed by policy" if {
 	count(rules) == 0
-}
-
-deny_reason := sprintf("binary '%s' not allowed in policy '%s'", [input.exe, rules[min(endpoint_rules)].name]) if {
+} else := sprintf("binary '%s' not allowed in policy '%s'", [input.exe, rules[min(endpoint_rules)].name]) if {
 	count(endpoint_rules) > 0
-}
-
-deny_reason := sprintf("endpoint %s:%d is not allowed by any policy", [input.host, input.port]) if {
-	count(rules) > 0
-	count(endpoint_rules) == 0
-}
+} else := sprintf("endpoint %s:%d is not allowed by any policy", [input.host, input.port])
