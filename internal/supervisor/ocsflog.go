@@ -51,7 +51,12 @@ type ocsfLog struct {
 	file      *dailyFile // OCSF JSON
 	short     *dailyFile
 	events    *securityevent.Log
+	queue     chan *openshellv1.SandboxLogLine
+	dropped   atomic.Int64
 }
+
+// ocsfQueue is how many decision lines wait for the writer.
+const ocsfQueue = 4096
 
 func newOCSFLog(log *slog.Logger, sandboxID, dir string, now func() time.Time) (*ocsfLog, error) {
 	if now == nil {
@@ -61,6 +66,7 @@ func newOCSFLog(log *slog.Logger, sandboxID, dir string, now func() time.Time) (
 		log: log, sandboxID: sandboxID,
 		file:  &dailyFile{dir: dir, prefix: ocsfFilePrefix, now: now},
 		short: &dailyFile{dir: dir, prefix: shortFilePrefix, now: now},
+		queue: make(chan *openshellv1.SandboxLogLine, ocsfQueue),
 	}
 	var err error
 	o.events, err = securityevent.New(securityevent.Options{
@@ -146,9 +152,50 @@ func (o *ocsfLog) setSettings(s map[string]*sandboxv1.EffectiveSetting) {
 }
 
 // observe records the events of one log line the supervisor emits.
+//
+// It only queues the decision lines (the egress proxy calls it on its
+// request path); run writes them. A full queue drops the line and counts
+// it, and the shorthand file says so.
 func (o *ocsfLog) observe(l *openshellv1.SandboxLogLine) {
-	if o == nil {
+	if o == nil || (l.GetTarget() != securityevent.TargetEgress && l.GetTarget() != securityevent.TargetInference) {
 		return
+	}
+	select {
+	case o.queue <- l:
+	default:
+		o.dropped.Add(1)
+	}
+}
+
+// run writes the queued lines until ctx ends, then what is still queued,
+// and closes the files.
+func (o *ocsfLog) run(ctx context.Context) {
+	defer func() {
+		_ = o.file.Close()
+		_ = o.short.Close()
+	}()
+	for {
+		select {
+		case l := <-o.queue:
+			o.write(l)
+		case <-ctx.Done():
+			for {
+				select {
+				case l := <-o.queue:
+					o.write(l)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// write records the events of one decision line.
+func (o *ocsfLog) write(l *openshellv1.SandboxLogLine) {
+	if n := o.dropped.Swap(0); n > 0 {
+		line := o.file.now().UTC().Format(time.RFC3339Nano) + " DROPPED " + strconv.FormatInt(n, 10) + " decisions: the log writer fell behind\n"
+		_, _ = o.short.Write([]byte(line))
 	}
 	for _, ev := range securityevent.FromSandboxLog(l) {
 		ev.SandboxID = o.sandboxID

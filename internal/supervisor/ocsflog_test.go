@@ -1,7 +1,9 @@
 package supervisor
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -42,19 +44,19 @@ func TestOCSFLogFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o.observe(denyLine("off.test"))
+	o.write(denyLine("off.test"))
 	if m, _ := filepath.Glob(filepath.Join(dir, "openshell-ocsf.*")); len(m) != 0 {
 		t.Fatalf("OCSF files written with the setting unset: %v", m)
 	}
 	o.setSettings(ocsfSetting(true))
-	o.observe(denyLine("day1.test"))
-	o.observe(&openshellv1.SandboxLogLine{Target: "main_process", Message: "hello"}) // not an event
+	o.write(denyLine("day1.test"))
+	o.write(&openshellv1.SandboxLogLine{Target: "main_process", Message: "hello"}) // not an event
 	mu.Lock()
 	now = now.Add(6 * time.Hour) // 00:59 UTC the next day
 	mu.Unlock()
-	o.observe(denyLine("day2.test"))
+	o.write(denyLine("day2.test"))
 	o.setSettings(ocsfSetting(false))
-	o.observe(denyLine("off-again.test"))
+	o.write(denyLine("off-again.test"))
 
 	for day, host := range map[string]string{"2026-03-01": "day1.test", "2026-03-02": "day2.test"} {
 		p := filepath.Join(dir, "openshell-ocsf."+day+".log")
@@ -108,8 +110,45 @@ func TestOCSFLogFile(t *testing.T) {
 	now = now.Add(24 * time.Hour)
 	mu.Unlock()
 	o.setSettings(ocsfSetting(true))
-	o.observe(denyLine("day3.test"))
+	o.write(denyLine("day3.test"))
 	if _, err := os.Lstat(target); !os.IsNotExist(err) {
 		t.Errorf("the symlink's target was created (err %v)", err)
+	}
+}
+
+// TestOCSFLogQueue: observe only queues decision lines (others are
+// ignored); run writes them, drains the queue when its context ends, and
+// a line dropped on a full queue is reported in the shorthand file.
+func TestOCSFLogQueue(t *testing.T) {
+	dir := t.TempDir()
+	o, err := newOCSFLog(slog.New(slog.NewTextHandler(io.Discard, nil)), "sb-1", dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.observe(&openshellv1.SandboxLogLine{Target: "main_process", Message: "not queued"})
+	for i := range ocsfQueue + 3 {
+		o.observe(denyLine(fmt.Sprintf("h%d.test", i)))
+	}
+	if got := o.dropped.Load(); got != 3 {
+		t.Fatalf("dropped = %d, want 3", got)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	o.run(ctx) // drains what is queued, then returns
+	m, _ := filepath.Glob(filepath.Join(dir, "openshell.*.log"))
+	if len(m) == 0 {
+		t.Fatal("no shorthand file")
+	}
+	var data []byte
+	for _, p := range m {
+		b, _ := os.ReadFile(p)
+		data = append(data, b...)
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	// The limiter lets a burst through, and what refills while they are
+	// written (50/s).
+	if n := len(lines) - 1; n < securityevent.DefaultSandboxBurst || n > securityevent.DefaultSandboxBurst+securityevent.DefaultSandboxRate ||
+		!strings.Contains(lines[0], " DROPPED 3 decisions: the log writer fell behind") {
+		t.Errorf("shorthand: %d lines, first %q; want the DROPPED line and %d decisions (a few more if the bucket refilled)", len(lines), lines[0], securityevent.DefaultSandboxBurst)
 	}
 }

@@ -561,6 +561,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		return err
 	}
 	pusher.setTap(ocsf.observe)
+	wg.Go(func() { ocsf.run(ctx) })
 	settings := func(s map[string]*sandboxv1.EffectiveSetting) { pl.setSettings(s); ocsf.setSettings(s) }
 	settings(loaded.settings)
 	wg.Go(func() {
