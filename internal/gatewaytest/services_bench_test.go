@@ -17,41 +17,6 @@ import (
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 )
 
-// forwardConn is a net.Conn over one ForwardTcp stream: the same
-// supervisor relay as service URLs, without the gateway's HTTP proxy.
-type forwardConn struct {
-	s    openshellv1.OpenShell_ForwardTcpClient
-	buf  []byte
-	stop context.CancelFunc
-}
-
-func (c *forwardConn) Read(p []byte) (int, error) {
-	for len(c.buf) == 0 {
-		f, err := c.s.Recv()
-		if err != nil {
-			return 0, io.EOF
-		}
-		c.buf = f.GetData()
-	}
-	n := copy(p, c.buf)
-	c.buf = c.buf[n:]
-	return n, nil
-}
-
-func (c *forwardConn) Write(p []byte) (int, error) {
-	if err := c.s.Send(&openshellv1.TcpForwardFrame{Payload: &openshellv1.TcpForwardFrame_Data{Data: append([]byte(nil), p...)}}); err != nil {
-		return 0, err
-	}
-	return len(p), nil
-}
-
-func (c *forwardConn) Close() error                     { c.stop(); return nil }
-func (c *forwardConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
-func (c *forwardConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
-func (c *forwardConn) SetDeadline(time.Time) error      { return nil }
-func (c *forwardConn) SetReadDeadline(time.Time) error  { return nil }
-func (c *forwardConn) SetWriteDeadline(time.Time) error { return nil }
-
 // BenchmarkServiceHTTP compares sequential keep-alive GETs of a sandbox's
 // web app through its service URL (plaintext loopback path: auth, routing,
 // ReverseProxy, relay) with GETs over a raw ForwardTcp relay to the same
@@ -92,7 +57,7 @@ func BenchmarkServiceHTTP(b *testing.B) {
 			stop()
 			return nil, err
 		}
-		return &forwardConn{s: s, stop: stop}, nil
+		return ForwardConn(s, stop), nil
 	}}}
 	get := func(cl *http.Client, url string) {
 		resp, err := cl.Get(url)
@@ -161,7 +126,7 @@ func BenchmarkUploadVsCat(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	conn, chans, reqs, err := ssh.NewClientConn(&forwardConn{s: s, stop: stop}, "bench", &ssh.ClientConfig{
+	conn, chans, reqs, err := ssh.NewClientConn(ForwardConn(s, stop), "bench", &ssh.ClientConfig{
 		User: "sandbox", HostKeyCallback: ssh.InsecureIgnoreHostKey(), //nolint:gosec // relay authorized by the gateway, as in the CLI
 	})
 	if err != nil {

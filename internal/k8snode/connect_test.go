@@ -3,8 +3,6 @@ package k8snode_test
 import (
 	"bytes"
 	"context"
-	"io"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -14,41 +12,6 @@ import (
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/gatewaytest"
 )
-
-// forwardConn is a net.Conn over one ForwardTcp stream (what the CLI's
-// `sandbox connect` tunnels SSH through).
-type forwardConn struct {
-	s    openshellv1.OpenShell_ForwardTcpClient
-	buf  []byte
-	stop context.CancelFunc
-}
-
-func (c *forwardConn) Read(p []byte) (int, error) {
-	for len(c.buf) == 0 {
-		f, err := c.s.Recv()
-		if err != nil {
-			return 0, io.EOF
-		}
-		c.buf = f.GetData()
-	}
-	n := copy(p, c.buf)
-	c.buf = c.buf[n:]
-	return n, nil
-}
-
-func (c *forwardConn) Write(p []byte) (int, error) {
-	if err := c.s.Send(&openshellv1.TcpForwardFrame{Payload: &openshellv1.TcpForwardFrame_Data{Data: append([]byte(nil), p...)}}); err != nil {
-		return 0, err
-	}
-	return len(p), nil
-}
-
-func (c *forwardConn) Close() error                     { c.stop(); return nil }
-func (c *forwardConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
-func (c *forwardConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
-func (c *forwardConn) SetDeadline(time.Time) error      { return nil }
-func (c *forwardConn) SetReadDeadline(time.Time) error  { return nil }
-func (c *forwardConn) SetWriteDeadline(time.Time) error { return nil }
 
 // TestGatewayConnectToPod: an SSH session through the gateway's relay (an
 // SSH session token, ForwardTcp to the supervisor's SSH target, as
@@ -84,7 +47,7 @@ func TestGatewayConnectToPod(t *testing.T) {
 	}}}); err != nil {
 		t.Fatal(err)
 	}
-	conn, chans, reqs, err := ssh.NewClientConn(&forwardConn{s: s, stop: stop}, "sandbox", &ssh.ClientConfig{
+	conn, chans, reqs, err := ssh.NewClientConn(gatewaytest.ForwardConn(s, stop), "sandbox", &ssh.ClientConfig{
 		User: "sandbox", HostKeyCallback: ssh.InsecureIgnoreHostKey(), //nolint:gosec // relay authorized by the gateway, as in the CLI
 	})
 	if err != nil {
