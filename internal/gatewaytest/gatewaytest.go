@@ -32,6 +32,7 @@ import (
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/pki"
+	"github.com/openshell-go/openshell/internal/testdirs"
 )
 
 var (
@@ -140,54 +141,13 @@ func baseDir(t testing.TB) string {
 }
 
 // processDir makes a directory under baseDir named for this test process
-// (prefix, pid, random suffix). The first call removes the directories of
-// test processes that have exited: binaries are built per test process
-// (about 140 MB each) and a killed test never runs its cleanups.
+// (prefix, pid, random suffix); the first call for a prefix removes the
+// directories of test processes that have exited, since binaries are built
+// per test process (about 140 MB each) and a killed test never runs its
+// cleanups.
 func processDir(t testing.TB, prefix string) (string, error) {
 	t.Helper()
-	base := baseDir(t)
-	sweepOnce.Do(func() { sweepStale(base, time.Now()) })
-	return os.MkdirTemp(base, fmt.Sprintf("%s%d-", prefix, os.Getpid()))
-}
-
-var sweepOnce sync.Once
-
-// processDirPrefixes are the per-process directories under baseDir.
-var processDirPrefixes = []string{"bin-", "helper-", "fakeic-", "t-"}
-
-// sweepStale removes per-process directories under base whose process is
-// gone. Names without a pid (written by older harness versions) are
-// removed once they are an hour old.
-func sweepStale(base string, now time.Time) {
-	ents, err := os.ReadDir(base)
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		for _, prefix := range processDirPrefixes {
-			rest, ok := strings.CutPrefix(e.Name(), prefix)
-			if !ok || !e.IsDir() {
-				continue
-			}
-			pidText, _, hasPID := strings.Cut(rest, "-")
-			if pid, err := strconv.Atoi(pidText); hasPID && err == nil && pid > 0 {
-				if processAlive(pid) {
-					break
-				}
-			} else if info, err := e.Info(); err != nil || now.Sub(info.ModTime()) < time.Hour {
-				break
-			}
-			_ = os.RemoveAll(filepath.Join(base, e.Name()))
-			break
-		}
-	}
-}
-
-// processAlive reports whether pid names a process (EPERM: it exists but
-// belongs to someone else).
-func processAlive(pid int) bool {
-	err := syscall.Kill(pid, 0)
-	return err == nil || errors.Is(err, syscall.EPERM)
+	return testdirs.MkdirTemp(baseDir(t), prefix)
 }
 
 // TempDir returns a directory under baseDir removed at cleanup.

@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+
+	"github.com/openshell-go/openshell/internal/testdirs"
 )
 
 var (
@@ -18,13 +20,14 @@ var (
 )
 
 // EscapeBinary builds the static escape helper (isolation/testdata/escape)
-// once per test binary and returns its path. Each of its attempts prints
+// once per test binary, into a directory named for this process (those of
+// exited test processes are removed), and returns its path. Each of its attempts prints
 // "ESCAPED ..." and exits 0 when it worked, "denied: ..." and exits 1 when
 // the kernel refused it.
 func EscapeBinary(t testing.TB) string {
 	t.Helper()
 	once.Do(func() {
-		dir, derr := os.MkdirTemp("", "openshell-escape-")
+		dir, derr := testdirs.MkdirTemp(os.TempDir(), "openshell-escape-")
 		if derr != nil {
 			err = derr
 			return

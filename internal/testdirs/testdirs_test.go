@@ -1,18 +1,19 @@
-package gatewaytest
+package testdirs
 
 import (
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
 
-// TestSweepStale: directories of exited test processes and old pid-less
+// TestSweep: directories of exited test processes and old pid-less
 // ones are removed; those of live processes, fresh pid-less ones and
 // unrelated names are kept.
-func TestSweepStale(t *testing.T) {
+func TestSweep(t *testing.T) {
 	base := t.TempDir()
 	exited := exec.Command("true")
 	if err := exited.Run(); err != nil {
@@ -42,11 +43,35 @@ func TestSweepStale(t *testing.T) {
 			}
 		}
 	}
-	sweepStale(base, now)
+	Sweep(base, []string{"bin-", "helper-", "t-", "fakeic-"}, now)
 	for name, kept := range dirs {
 		_, err := os.Stat(filepath.Join(base, name))
 		if got := err == nil; got != kept {
 			t.Errorf("%s: kept = %v, want %v (%v)", name, got, kept, err)
 		}
+	}
+}
+
+// TestMkdirTempNamesPID: the directory carries this process's pid, and a
+// first call sweeps an exited process's directory of the same prefix.
+func TestMkdirTempNamesPID(t *testing.T) {
+	base := t.TempDir()
+	exited := exec.Command("true")
+	if err := exited.Run(); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(base, fmt.Sprintf("x-%d-1", exited.Process.Pid))
+	if err := os.Mkdir(stale, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := MkdirTemp(base, "x-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("x-%d-", os.Getpid()); !strings.HasPrefix(filepath.Base(dir), want) {
+		t.Errorf("dir = %s, want prefix %s", dir, want)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("stale dir of an exited process kept: %v", err)
 	}
 }
