@@ -134,14 +134,14 @@ func regoData(rules []rule) (ast.Object, int) {
 				}
 			}
 		}
-		exact := ast.NewObject()
+		exact := ast.NewSet()
 		var globs []*ast.Term
 		for _, b := range r.binaries {
 			if strings.Contains(b, "*") {
 				patterns++
 				globs = append(globs, ast.StringTerm(globPattern(b)))
 			} else {
-				exact.Insert(ast.StringTerm(b), ast.InternedTerm(true))
+				exact.Add(ast.StringTerm(b))
 			}
 		}
 		rulesOut = append(rulesOut, ast.ObjectTerm(

@@ -8,7 +8,7 @@
 #   data.egress: the policy generation's network_policies in lookup form,
 #     built by Go once per generation (engine.go):
 #     "rules": one per rule, sorted by name:
-#       [{"name": string, "exact_binaries": {path: true}, "glob_binaries": [pattern]}]
+#       [{"name": string, "exact_binaries": {path}, "glob_binaries": [pattern]}]
 #     "ports": the endpoints by port (decimal string), as [rule index,
 #       endpoint index] pairs:
 #       {port: {"exact_hosts": {host: [[i, j]]},
@@ -89,8 +89,7 @@ hits contains m if {
 
 # Exact path.
 binary_allowed(i) if {
-	some p in caller_paths
-	rules[i].exact_binaries[p]
+	count(rules[i].exact_binaries & caller_paths) > 0
 }
 
 # Glob with "/" as separator: "/usr/bin/*" one directory level, "/**" all.
