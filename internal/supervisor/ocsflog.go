@@ -127,7 +127,13 @@ func shorthand(ev securityevent.Event) string {
 	if ev.StatusDetail != "" {
 		b.WriteString(" reason: " + ev.StatusDetail)
 	}
-	line := strings.ReplaceAll(b.String(), "\n", " ")
+	// One line: no value can start another or move the cursor.
+	line := strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, b.String())
 	if len(line) > maxShortLine {
 		line = strings.ToValidUTF8(line[:maxShortLine], "")
 	}

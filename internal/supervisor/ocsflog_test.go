@@ -152,3 +152,18 @@ func TestOCSFLogQueue(t *testing.T) {
 		t.Errorf("shorthand: %d lines, first %q; want the DROPPED line and %d decisions (a few more if the bucket refilled)", len(lines), lines[0], securityevent.DefaultSandboxBurst)
 	}
 }
+
+// TestShorthandOneLine: control characters in a pushed value cannot start
+// a new shorthand line.
+func TestShorthandOneLine(t *testing.T) {
+	l := denyLine("x.test")
+	l.Fields["reason"] = "a\nFORGED\rline\x1b[2K"
+	evs := securityevent.FromSandboxLog(l)
+	if len(evs) != 1 {
+		t.Fatalf("events = %d, want 1", len(evs))
+	}
+	got := shorthand(evs[0])
+	if strings.ContainsAny(got, "\n\r\x1b") || !strings.HasSuffix(got, "reason: a FORGED line [2K") {
+		t.Errorf("shorthand = %q, want one line with the control characters blanked", got)
+	}
+}
