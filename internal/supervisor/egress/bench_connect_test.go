@@ -30,6 +30,9 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if v := os.Getenv(heldAtProbeEnv); v != "" {
+		heldAtProbe(v)
+	}
 	os.Exit(m.Run())
 }
 

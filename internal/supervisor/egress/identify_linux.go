@@ -286,7 +286,7 @@ func (p *ProcIdentifier) socketOwners(root int, ino uint64) ([]holder, error) {
 	link := make([]byte, len(want)+1)
 	for _, pid := range pids {
 		ps := strconv.Itoa(pid)
-		fd, ok := heldAt(root, ps+"/fd", dents, link, want)
+		fd, ok, _ := heldAt(root, ps+"/fd", dents, link, want)
 		if !ok {
 			continue
 		}
@@ -307,24 +307,34 @@ func (p *ProcIdentifier) socketOwners(root int, ino uint64) ([]holder, error) {
 }
 
 // heldAt returns the descriptor (its name in the fd directory at path
-// under root) whose link reads want, if any.
-func heldAt(root int, path string, dents, link, want []byte) (string, bool) {
+// under root) whose link reads want, if any, and how many links it read.
+func heldAt(root int, path string, dents, link, want []byte) (string, bool, int) {
 	fdd, err := unix.Openat(root, path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return "", false // exited, or a kernel thread
+		return "", false, 0 // exited, or a kernel thread
 	}
 	defer unix.Close(fdd) //nolint:errcheck // read-only directory
 	var found string
+	denied, reads := false, 0
 	_ = eachDirent(fdd, dents, func(name []byte) {
-		if found != "" || name[0] < '0' || name[0] > '9' {
+		if found != "" || denied || name[0] < '0' || name[0] > '9' {
 			return
 		}
+		reads++
 		n, err := unix.Readlinkat(fdd, string(name), link)
-		if err == nil && n == len(want) && bytes.Equal(link[:n], want) {
+		switch {
+		case err == nil && n == len(want) && bytes.Equal(link[:n], want):
 			found = string(name)
+		case errors.Is(err, unix.EACCES):
+			// The kernel checks access to the process (ptrace read
+			// access), not to each descriptor: every other link of this
+			// process fails the same way, so none is read (a host's pid
+			// namespace can hold processes with hundreds of
+			// descriptors the supervisor may not read).
+			denied = true
 		}
 	})
-	return found, found != ""
+	return found, found != "", reads
 }
 
 // eachDirent calls f with the name of every entry of the open directory

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
@@ -476,5 +478,81 @@ func TestTrustedPathsBounded(t *testing.T) {
 	}
 	if c := identify("a"); c.Err != nil {
 		t.Errorf("a known path past the bound: %v, want still trusted", c.Err)
+	}
+}
+
+// heldAtProbeEnv makes the test binary scan the descriptors of the pid it
+// names (see TestMain) and print "links-read first-errno".
+const heldAtProbeEnv = "OPENSHELL_EGRESS_HELDAT_PROBE"
+
+func heldAtProbe(pid string) {
+	root, err := unix.Open("/proc", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	want := []byte("socket:[0]") // no socket has inode 0: every link is read until the end
+	_, _, reads := heldAt(root, pid+"/fd", make([]byte, 16<<10), make([]byte, len(want)+1), want)
+	_, err = os.Readlink("/proc/" + pid + "/fd/0")
+	fmt.Println(reads, errors.Is(err, unix.EACCES))
+	os.Exit(0)
+}
+
+// TestHeldAtStopsWhenDenied: a process whose descriptor links the
+// supervisor may not read (another user, no CAP_SYS_PTRACE; the host's pid
+// namespace is full of them) costs one readlink, not one per descriptor.
+// The scanner is this test binary run as nobody with only
+// CAP_DAC_READ_SEARCH (it may list the descriptors of a root process, not
+// read their links); the scanned process is this test, root.
+func TestHeldAtStopsWhenDenied(t *testing.T) {
+	if os.Getuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("needs root (to run the scanner as another user)")
+		}
+		t.Skip("needs root")
+	}
+	// Descriptors to scan: a few open files of this process.
+	for range 8 {
+		f, err := os.Open("/dev/null")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A copy nobody may run (the test binary's directory is root's only).
+	dir, err := os.MkdirTemp("", "heldat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	probe := filepath.Join(dir, "probe")
+	copyFile(t, self, probe, nil)
+	cmd := exec.Command(probe, "-test.run", "^$")
+	cmd.Env = append(os.Environ(), heldAtProbeEnv+"="+strconv.Itoa(os.Getpid()))
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Credential:  &syscall.Credential{Uid: 65534, Gid: 65534},
+		AmbientCaps: []uintptr{unix.CAP_DAC_READ_SEARCH},
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("scanner: %v: %s", err, out)
+	}
+	var reads int
+	var denied bool
+	if _, err := fmt.Sscan(string(out), &reads, &denied); err != nil {
+		t.Fatalf("scanner answered %q: %v", out, err)
+	}
+	if !denied {
+		t.Fatalf("the scanner could read this process's descriptor links (%s): nothing tested", strings.TrimSpace(string(out)))
+	}
+	if reads != 1 {
+		t.Errorf("links read in a process that denies them = %d, want 1", reads)
 	}
 }
