@@ -123,6 +123,10 @@ type Proxy struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{} // client and upstream connections in flight
 	closed bool
+
+	// onTunnel, when set, sees the two connections of each relayed
+	// tunnel before its bytes are copied (tests).
+	onTunnel func(client, upstream net.Conn)
 }
 
 // New returns a proxy deciding with snap until SetSnapshot.
@@ -309,6 +313,9 @@ func (p *Proxy) handle(c net.Conn) {
 	defer p.untrack(upstream)
 	if _, err := io.WriteString(c, connectOK); err != nil {
 		return
+	}
+	if p.onTunnel != nil {
+		p.onTunnel(c, upstream)
 	}
 	splice(c, br, upstream)
 }

@@ -41,6 +41,10 @@ func TestDialThroughChannel(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The proxy's tunnels splice only between *net.TCPConn.
+		if _, ok := c.(*net.TCPConn); !ok {
+			t.Fatalf("Dial returned a %T, want a *net.TCPConn (a wrapper makes the proxy copy through user space)", c)
+		}
 		b, _ := io.ReadAll(c)
 		c.Close()
 		if string(b) != "hi from "+target.String() {
