@@ -38,9 +38,10 @@ func rssKiB(pid int) int {
 }
 
 // BenchmarkCreateToReady measures CreateSandbox → READY (backend ready and
-// supervisor session connected) through the whole gateway on the process
-// driver, against a bare fork/exec of the same supervisor binary (to its
-// exit on a missing gateway) in the same run.
+// supervisor session connected, seen on a WatchSandbox stream) through the
+// whole gateway on the process driver, against a bare fork/exec of the
+// same supervisor binary (to its exit on a missing gateway) in the same
+// run.
 func BenchmarkCreateToReady(b *testing.B) {
 	g := Start(b, Options{})
 	c := g.Client()
@@ -52,10 +53,11 @@ func BenchmarkCreateToReady(b *testing.B) {
 		name := fmt.Sprintf("bench-%d", i)
 		i++
 		start := time.Now()
-		if _, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: name, Spec: &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}}}); err != nil {
+		resp, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: name, Spec: &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}}})
+		if err != nil {
 			b.Fatal(err)
 		}
-		waitReadyFast(ctx, b, c, name)
+		waitReadyWatch(ctx, b, c, resp.GetSandbox().GetMetadata().GetId())
 		lat = append(lat, time.Since(start))
 
 		start = time.Now()
@@ -72,6 +74,70 @@ func BenchmarkCreateToReady(b *testing.B) {
 	b.ReportMetric(float64(percentile(lat, 0.95).Microseconds()), "p95-us")
 	b.ReportMetric(float64(percentile(base, 0.5).Microseconds()), "forkexec-p50-us")
 	b.ReportMetric(float64(percentile(lat, 0.5))/float64(percentile(base, 0.5)), "ratio-p50")
+}
+
+// waitReadyWatch follows the status of sandbox id on a WatchSandbox
+// stream until it is READY: the same READY as waitReadyFast, without a
+// poll loading the gateway or rounding the time up to its period.
+func waitReadyWatch(ctx context.Context, tb testing.TB, c openshellv1.OpenShellClient, id string) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	stream, err := c.WatchSandbox(ctx, &openshellv1.WatchSandboxRequest{Id: id, FollowStatus: true})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for {
+		ev, err := stream.Recv()
+		if err != nil {
+			tb.Fatalf("%s not ready: %v", id, err)
+		}
+		if ev.GetSandbox().GetStatus().GetPhase() == openshellv1.SandboxPhase_SANDBOX_PHASE_READY {
+			return
+		}
+	}
+}
+
+// BenchmarkCreateToReadyPaired compares two builds under the same load:
+// a gateway from this tree and one from OPENSHELL_BENCH_BASELINE_BIN_DIR
+// (make build of the baseline, same binaries) run side by side, and each
+// iteration creates one sandbox on each, in alternating order, to READY
+// (WatchSandbox). It reports both p50s and the p50 of the per-pair
+// differences (this tree minus the baseline).
+func BenchmarkCreateToReadyPaired(b *testing.B) {
+	baseDir := os.Getenv("OPENSHELL_BENCH_BASELINE_BIN_DIR")
+	if baseDir == "" {
+		b.Skip("OPENSHELL_BENCH_BASELINE_BIN_DIR is not set")
+	}
+	gws := [2]*Gateway{Start(b, Options{}), Start(b, Options{BinDir: baseDir})}
+	ctx := b.Context()
+	var lat [2][]time.Duration
+	var diff []time.Duration
+	i := 0
+	for b.Loop() {
+		var took [2]time.Duration
+		for k := range 2 {
+			j := (i + k) % 2
+			c := gws[j].Client()
+			name := fmt.Sprintf("pair-%d", i)
+			start := time.Now()
+			resp, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: name, Spec: &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			waitReadyWatch(ctx, b, c, resp.GetSandbox().GetMetadata().GetId())
+			took[j] = time.Since(start)
+			if _, err := c.DeleteSandbox(ctx, &openshellv1.DeleteSandboxRequest{Name: name}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		i++
+		lat[0], lat[1] = append(lat[0], took[0]), append(lat[1], took[1])
+		diff = append(diff, took[0]-took[1])
+	}
+	b.ReportMetric(float64(percentile(lat[0], 0.5).Microseconds()), "p50-us")
+	b.ReportMetric(float64(percentile(lat[1], 0.5).Microseconds()), "baseline-p50-us")
+	b.ReportMetric(float64(percentile(diff, 0.5).Microseconds()), "diff-p50-us")
 }
 
 func waitReadyFast(ctx context.Context, tb testing.TB, c openshellv1.OpenShellClient, name string) {

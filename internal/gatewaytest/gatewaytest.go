@@ -88,6 +88,9 @@ type Options struct {
 	TLSDir string
 	// Port reuses a port (restart tests); 0 = pick a free one.
 	Port int
+	// BinDir runs the binaries of another build (paired benchmarks);
+	// empty = BinDir(t).
+	BinDir string
 }
 
 // Gateway is a running openshell-gateway process.
@@ -249,7 +252,10 @@ func freePort(t testing.TB) int {
 // Start runs a gateway and waits until /readyz answers.
 func Start(t testing.TB, o Options) *Gateway {
 	t.Helper()
-	bin := BinDir(t)
+	bin := o.BinDir
+	if bin == "" {
+		bin = BinDir(t)
+	}
 	g := &Gateway{t: t, BinDir: bin, StateDir: o.StateDir, TLSDir: o.TLSDir, Port: o.Port, logs: &syncBuffer{}, done: make(chan struct{})}
 	if g.StateDir == "" {
 		g.StateDir = TempDir(t)
