@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/metrics"
@@ -40,6 +42,78 @@ type engine struct {
 	// read transaction of the generation's store, which is never written,
 	// serves every evaluation) and a metrics collection nobody reads.
 	opts []rego.EvalOption
+
+	// memo holds the verdicts of this generation by request: an
+	// evaluation depends on nothing but the request and the generation's
+	// data (no clock, no I/O, a store never written), so a repeated
+	// request gets the same verdict without evaluating again. The first
+	// evaluation after a pause costs 5 to 10 times a warm one (caches
+	// cold: 0.4 to 0.9 ms against 60 to 80 µs on the shared machine),
+	// which a lookup avoids for the connections an agent repeats.
+	// Errors are not kept.
+	mu        sync.Mutex
+	memo      map[string]verdict
+	memoBytes int
+	evals     atomic.Int64 // evaluations run (tests)
+}
+
+// Bounds of engine.memo: a request whose key is longer is not kept, and
+// the memo starts again empty when it would pass either bound, so a
+// sandbox naming endless hosts costs evaluations, not memory.
+const (
+	maxMemoKey     = 4 << 10
+	maxMemoEntries = 1024
+	maxMemoBytes   = 1 << 20
+)
+
+// memoKey encodes r unambiguously (each field prefixed by its length).
+func memoKey(r Request) string {
+	n := len(r.Host) + len(r.Exe) + 32
+	for _, a := range r.Ancestors {
+		n += len(a) + 8
+	}
+	if n > maxMemoKey {
+		return ""
+	}
+	b := make([]byte, 0, n)
+	field := func(s string) {
+		b = strconv.AppendInt(b, int64(len(s)), 10)
+		b = append(b, ':')
+		b = append(b, s...)
+	}
+	field(r.Host)
+	b = strconv.AppendUint(b, uint64(r.Port), 10)
+	b = append(b, ';')
+	field(r.Exe)
+	for _, a := range r.Ancestors {
+		field(a)
+	}
+	return string(b)
+}
+
+// decide is eval through the memo.
+func (e *engine) decide(r Request) (verdict, error) {
+	key := memoKey(r)
+	if key != "" {
+		e.mu.Lock()
+		v, ok := e.memo[key]
+		e.mu.Unlock()
+		if ok {
+			return v, nil
+		}
+	}
+	v, err := e.eval(r)
+	if err != nil || key == "" {
+		return v, err
+	}
+	e.mu.Lock()
+	if e.memo == nil || len(e.memo) >= maxMemoEntries || e.memoBytes+len(key) > maxMemoBytes {
+		e.memo, e.memoBytes = make(map[string]verdict), 0
+	}
+	e.memo[key] = v
+	e.memoBytes += len(key)
+	e.mu.Unlock()
+	return v, nil
 }
 
 // sharedGlobs is how many glob patterns a generation may have before it
@@ -233,6 +307,7 @@ func keepAST(t *ast.Term, _ *rego.EvalContext) (any, error) { return t, nil }
 // eval decides r. Any error (evaluation error, undefined or malformed
 // result) is returned, and the caller denies.
 func (e *engine) eval(r Request) (verdict, error) {
+	e.evals.Add(1)
 	anc := make([]*ast.Term, len(r.Ancestors))
 	for i, a := range r.Ancestors {
 		anc[i] = ast.StringTerm(a)

@@ -170,3 +170,74 @@ func TestDecideLargePolicy(t *testing.T) {
 		})
 	}
 }
+
+// TestDecisionMemo: a generation evaluates a request once; the memo keeps
+// requests apart field by field, keeps no evaluation error and stays
+// bounded.
+func TestDecisionMemo(t *testing.T) {
+	s := mustCompile(t, map[string]*sandboxv1.NetworkPolicyRule{
+		"up": {Name: "up", Endpoints: []*sandboxv1.NetworkEndpoint{ep("api.example.com", 443)}, Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/curl"}}},
+	})
+	allowed := Request{Host: "api.example.com", Port: 443, Exe: "/usr/bin/curl", Ancestors: []string{"/bin/sh"}}
+	for range 3 {
+		if d := s.Decide(allowed); !d.Allow || d.Policy != "up" {
+			t.Fatalf("Decide(%+v) = %+v", allowed, d)
+		}
+	}
+	if n := s.engine.evals.Load(); n != 1 {
+		t.Errorf("three identical requests evaluated %d times, want 1", n)
+	}
+	// Each differs from allowed in one field (or in how its fields split):
+	// each is evaluated and denied.
+	for _, r := range []Request{
+		{Host: "api.example.com.", Port: 443, Exe: "/usr/bin/curlx", Ancestors: []string{"/bin/sh"}},
+		{Host: "api.example.com", Port: 4430, Exe: "/usr/bin/curl", Ancestors: []string{"/bin/sh"}},
+		{Host: "api.example.com", Port: 443, Exe: "/usr/bin/wget", Ancestors: []string{"/bin/sh"}},
+		{Host: "api.example.com", Port: 443, Exe: "/bin/sh", Ancestors: []string{"/usr/bin/wget"}},
+		{Host: "api.example.com443", Port: 0, Exe: "/usr/bin/curl", Ancestors: []string{"/bin/sh"}},
+		{Host: "api.example.com", Port: 443, Exe: "/usr/bin/wget", Ancestors: []string{"/bin/sh", "/usr/bin/curl0"}},
+	} {
+		if memoKey(r) == memoKey(allowed) {
+			t.Errorf("%+v and %+v share a memo key", r, allowed)
+		}
+		if d := s.Decide(r); d.Allow {
+			t.Errorf("Decide(%+v) = %+v, want a denial", r, d)
+		}
+	}
+	if n := s.engine.evals.Load(); n != 7 {
+		t.Errorf("evaluations = %d, want 7 (one per distinct request)", n)
+	}
+
+	// An evaluation error denies and is evaluated again next time.
+	bad, err := compile("package openshell.egress\n\ndecision := {\"allow\": false, \"reason\": sprintf(\"%d\", [to_number(input.host)])}\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if d := bad.Decide(Request{Host: "x", Port: 1}); d.Allow || !strings.Contains(d.Reason, "no policy decision") {
+			t.Fatalf("Decide with an evaluation error = %+v", d)
+		}
+	}
+	if n := bad.engine.evals.Load(); n != 2 {
+		t.Errorf("a failing request evaluated %d times in 2 decisions, want 2", n)
+	}
+
+	// Bounded: distinct hosts past the bound start the memo again; a key
+	// past maxMemoKey is never kept.
+	for i := range maxMemoEntries + 10 {
+		s.Decide(Request{Host: fmt.Sprintf("h%d.example.com", i), Port: 443, Exe: "/usr/bin/curl"})
+	}
+	s.engine.mu.Lock()
+	n := len(s.engine.memo)
+	s.engine.mu.Unlock()
+	if n > maxMemoEntries || n == 0 {
+		t.Errorf("memo holds %d entries, want 1..%d", n, maxMemoEntries)
+	}
+	long := Request{Host: "api.example.com", Port: 443, Exe: "/usr/bin/curl", Ancestors: []string{strings.Repeat("/x", maxMemoKey)}}
+	before := s.engine.evals.Load()
+	s.Decide(long)
+	s.Decide(long)
+	if n := s.engine.evals.Load() - before; n != 2 {
+		t.Errorf("a request past maxMemoKey evaluated %d times in 2 decisions, want 2", n)
+	}
+}

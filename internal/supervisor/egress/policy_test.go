@@ -3,6 +3,7 @@ package egress
 import (
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -119,6 +120,11 @@ func runDecideCases(t *testing.T, s *Snapshot, cases []decideCase) {
 			if d.Policy != tt.policy || d.Allow != (tt.policy != "") || d.Reason != tt.reason {
 				t.Errorf("Decide(%+v) = %+v, want policy %q reason %q", tt.req, d, tt.policy, tt.reason)
 			}
+			// The generation's memo (filled by the cases before) answers
+			// as the evaluation does.
+			if again, eval := s.Decide(tt.req), s.decision(tt.req, false); !reflect.DeepEqual(again, d) || !reflect.DeepEqual(eval, d) {
+				t.Errorf("Decide(%+v) again = %+v, evaluated = %+v, want %+v", tt.req, again, eval, d)
+			}
 		})
 	}
 }
@@ -219,18 +225,20 @@ func BenchmarkDecide(b *testing.B) {
 		snap  *Snapshot
 		req   Request
 		allow bool
+		memo  bool // through the memo: every evaluation after the first is a lookup
 	}{
-		{"floor", floor, Request{Host: "x.y.h.example.org", Port: 8443, Exe: "/opt/h/bin/tool", Ancestors: []string{"/bin/bash", "/usr/bin/sshd"}}, false},
-		{"allow", s, Request{Host: "x.y.h.example.org", Port: 8443, Exe: "/opt/h/bin/tool", Ancestors: []string{"/bin/bash", "/usr/bin/sshd"}}, true},
-		{"deny", s, Request{Host: "api.c.example.net", Port: 443, Exe: "/usr/bin/wget", Ancestors: []string{"/bin/bash"}}, false},
-		{"large-allow", large, Request{Host: "x.y.r59.example.org", Port: 8443, Exe: "/opt/r59/bin/tool", Ancestors: []string{"/bin/bash", "/usr/bin/sshd"}}, true},
-		{"large-deny", large, Request{Host: "api.r30.example.net", Port: 443, Exe: "/usr/bin/wget", Ancestors: []string{"/bin/bash"}}, false},
+		{"floor", floor, Request{Host: "x.y.h.example.org", Port: 8443, Exe: "/opt/h/bin/tool", Ancestors: []string{"/bin/bash", "/usr/bin/sshd"}}, false, false},
+		{"allow", s, Request{Host: "x.y.h.example.org", Port: 8443, Exe: "/opt/h/bin/tool", Ancestors: []string{"/bin/bash", "/usr/bin/sshd"}}, true, false},
+		{"deny", s, Request{Host: "api.c.example.net", Port: 443, Exe: "/usr/bin/wget", Ancestors: []string{"/bin/bash"}}, false, false},
+		{"large-allow", large, Request{Host: "x.y.r59.example.org", Port: 8443, Exe: "/opt/r59/bin/tool", Ancestors: []string{"/bin/bash", "/usr/bin/sshd"}}, true, false},
+		{"large-deny", large, Request{Host: "api.r30.example.net", Port: 443, Exe: "/usr/bin/wget", Ancestors: []string{"/bin/bash"}}, false, false},
+		{"memo-allow", s, Request{Host: "x.y.h.example.org", Port: 8443, Exe: "/opt/h/bin/tool", Ancestors: []string{"/bin/bash", "/usr/bin/sshd"}}, true, true},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			var times []time.Duration
 			for b.Loop() {
 				t0 := time.Now()
-				d := bc.snap.Decide(bc.req)
+				d := bc.snap.decision(bc.req, bc.memo)
 				times = append(times, time.Since(t0))
 				if d.Allow != bc.allow {
 					b.Fatalf("Decide(%+v) = %+v, want allow %v", bc.req, d, bc.allow)
