@@ -110,7 +110,8 @@ func benchClient(spec string, in io.Reader, out io.Writer) error {
 // the decision) with direct ones to the same sink: setup latency (p50
 // added by the proxy) and bulk throughput (x-direct: proxied MB/s over
 // direct MB/s). "host": the benchmark itself is the client, identified
-// among every process of the machine. "pidns": the client is this binary
+// among every process of the machine. "relay": a bare relay splicing
+// both ways, the floor of any proxy's throughput. "pidns": the client is this binary
 // run in a pid namespace of its own (through unshare), identified through
 // that namespace's /proc, as the supervisor sees a sandbox.
 func BenchmarkConnect(b *testing.B) {
@@ -170,6 +171,43 @@ func BenchmarkConnect(b *testing.B) {
 			r.add(sd, xd, sp, xp)
 		}
 		report(b, r, idP50(), "/proc")
+	})
+
+	// The floor of any relay: no CONNECT, no identification, no
+	// decision, the same kernel splice both ways between the accepted and
+	// the dialed connection (x-direct of a bare relay, same run).
+	b.Run("relay", func(b *testing.B) {
+		relay := loopbackServer(b, func(c net.Conn) {
+			up, err := net.Dial("tcp", sink.Addr().String())
+			if err != nil {
+				c.Close()
+				return
+			}
+			go func() {
+				defer c.Close()
+				defer up.Close()
+				done := make(chan struct{})
+				go func() { _, _ = io.Copy(c, up); _ = c.(*net.TCPConn).CloseWrite(); close(done) }()
+				_, _ = io.Copy(up, c)
+				_ = up.(*net.TCPConn).CloseWrite()
+				<-done
+			}()
+		})
+		buf := make([]byte, 64<<10)
+		var r benchRun
+		for b.Loop() {
+			sd, xd, err := measureConn(func() (net.Conn, error) { return net.Dial("tcp", sink.Addr().String()) }, buf)
+			if err != nil {
+				b.Fatal(err)
+			}
+			sp, xp, err := measureConn(func() (net.Conn, error) { return net.Dial("tcp", relay.Addr().String()) }, buf)
+			if err != nil {
+				b.Fatal(err)
+			}
+			r.add(sd, xd, sp, xp)
+		}
+		mbps := func(x time.Duration) float64 { return float64(benchPerConn*len(r.setupD)) / x.Seconds() / 1e6 }
+		b.ReportMetric(mbps(r.xferP)/mbps(r.xferD), "x-direct")
 	})
 
 	b.Run("pidns", func(b *testing.B) {
