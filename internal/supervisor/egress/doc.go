@@ -18,8 +18,10 @@
 //     exact or wildcard, port, binaries; the first matching rule by name)
 //     with the Rego policy policy.rego, evaluated by the Open Policy Agent
 //     library (engine.go): prepared once per Snapshot with the rules as
-//     its base document, evaluated per connection with a small AST input;
-//     an evaluation error or a missing decision denies;
+//     its base document, evaluated with a small AST input once per
+//     distinct request of the Snapshot (the verdicts are kept by request,
+//     bounded: the evaluation depends on nothing else); an evaluation
+//     error or a missing decision denies (and is not kept);
 //  3. resolves the host once, refuses loopback, link-local, private and
 //     reserved addresses, cloud metadata names and the gateway's own
 //     addresses unless the matching endpoint's allowed_ips names them, and
