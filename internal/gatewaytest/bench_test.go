@@ -140,6 +140,67 @@ func BenchmarkCreateToReadyPaired(b *testing.B) {
 	b.ReportMetric(float64(percentile(diff, 0.5).Microseconds()), "diff-p50-us")
 }
 
+// BenchmarkCreateToReadySteps is BenchmarkCreateToReady with the
+// supervisor at log level debug: besides the p50 to READY it reports the
+// p50 of each step of the supervisor's "supervisor startup" line (see
+// docs/supervisor.md), read back with GetSandboxLogs, in µs.
+func BenchmarkCreateToReadySteps(b *testing.B) {
+	g := Start(b, Options{})
+	c := g.Client()
+	ctx := b.Context()
+	steps := map[string][]time.Duration{}
+	var lat []time.Duration
+	i := 0
+	for b.Loop() {
+		name := fmt.Sprintf("steps-%d", i)
+		i++
+		start := time.Now()
+		resp, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: name, Spec: &openshellv1.SandboxSpec{LogLevel: "debug", Command: []string{"sleep", "infinity"}}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		id := resp.GetSandbox().GetMetadata().GetId()
+		waitReadyWatch(ctx, b, c, id)
+		lat = append(lat, time.Since(start))
+		b.StopTimer()
+		fields := startupLine(ctx, b, c, id)
+		for k, v := range fields {
+			if d, err := time.ParseDuration(v); err == nil {
+				steps[k] = append(steps[k], d)
+			}
+		}
+		if _, err := c.DeleteSandbox(ctx, &openshellv1.DeleteSandboxRequest{Name: name}); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(percentile(lat, 0.5).Microseconds()), "p50-us")
+	for k, d := range steps {
+		b.ReportMetric(float64(percentile(d, 0.5).Microseconds()), k+"-p50-us")
+	}
+}
+
+// startupLine returns the fields of sandbox id's "supervisor startup"
+// log line once the gateway has it.
+func startupLine(ctx context.Context, tb testing.TB, c openshellv1.OpenShellClient, id string) map[string]string {
+	tb.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := c.GetSandboxLogs(ctx, &openshellv1.GetSandboxLogsRequest{SandboxId: id, Lines: 1000})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for _, l := range resp.GetLogs() {
+			if l.GetMessage() == "supervisor startup" {
+				return l.GetFields()
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	tb.Fatalf("no supervisor startup line for %s", id)
+	return nil
+}
+
 func waitReadyFast(ctx context.Context, tb testing.TB, c openshellv1.OpenShellClient, name string) {
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
