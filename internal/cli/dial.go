@@ -270,6 +270,9 @@ func (a *app) gateway() (openshellv1.OpenShellClient, error) {
 	if t.BearerToken != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(bearerCredentials{token: t.BearerToken}))
 	}
+	if md := envTraceContext(a.getenv); md != nil {
+		opts = append(opts, traceContextInterceptors(md)...)
+	}
 	conn, err := grpc.NewClient(target, append(opts,
 		grpc.WithChainUnaryInterceptor(a.debugUnary),
 		grpc.WithChainStreamInterceptor(a.debugStream),
