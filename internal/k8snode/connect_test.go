@@ -24,13 +24,7 @@ func TestGatewayConnectToPod(t *testing.T) {
 	defer cancel()
 
 	const name = "connect"
-	created, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: name, Spec: &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}}})
-	if err != nil {
-		t.Fatalf("CreateSandbox: %v", err)
-	}
-	id := created.GetSandbox().GetMetadata().GetId()
-	t.Cleanup(func() { logPod(t, g.c, g.ns, name) })
-	gatewaytest.WaitPhase(ctx, t, c, name, openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 3*time.Minute)
+	id := g.createReady(ctx, t, name)
 
 	sess, err := c.CreateSshSession(ctx, &openshellv1.CreateSshSessionRequest{SandboxId: id})
 	if err != nil {

@@ -49,6 +49,19 @@ type podGateway struct {
 // certificate names that address; the client certificate the supervisors
 // use is the Secret openshell-client-tls. extraTOML is appended to the
 // [openshell.drivers.kubernetes] table.
+// createReady creates a sandbox running `sleep infinity`, logs its pod
+// when the test ends, waits until it is READY and returns its id.
+func (g podGateway) createReady(ctx context.Context, t *testing.T, name string) string {
+	t.Helper()
+	created, err := g.Client().CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: name, Spec: &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}}})
+	if err != nil {
+		t.Fatalf("CreateSandbox: %v", err)
+	}
+	t.Cleanup(func() { logPod(t, g.c, g.ns, name) })
+	gatewaytest.WaitPhase(ctx, t, g.Client(), name, openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 3*time.Minute)
+	return created.GetSandbox().GetMetadata().GetId()
+}
+
 func startPodGateway(t *testing.T, extraTOML string) podGateway {
 	t.Helper()
 	c := k8stest.Start(t, k8stest.Options{Node: true, Controller: true})
@@ -192,14 +205,7 @@ func TestGatewaySandboxInPod(t *testing.T) {
 	defer cancel()
 
 	const name = "in-pod"
-	created, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: name, Spec: &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}}})
-	if err != nil {
-		t.Fatalf("CreateSandbox: %v", err)
-	}
-	id := created.GetSandbox().GetMetadata().GetId()
-	t.Cleanup(func() { logPod(t, g.c, g.ns, name) })
-
-	gatewaytest.WaitPhase(ctx, t, c, name, openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 3*time.Minute)
+	id := g.createReady(ctx, t, name)
 
 	pod, err := g.c.Clientset.CoreV1().Pods(g.ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
@@ -276,13 +282,7 @@ size = "1Gi"
 	defer cancel()
 
 	const name = "keeps-ws"
-	created, err := c.CreateSandbox(ctx, &openshellv1.CreateSandboxRequest{Name: name, Spec: &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}}})
-	if err != nil {
-		t.Fatalf("CreateSandbox: %v", err)
-	}
-	id := created.GetSandbox().GetMetadata().GetId()
-	t.Cleanup(func() { logPod(t, g.c, g.ns, name) })
-	gatewaytest.WaitPhase(ctx, t, c, name, openshellv1.SandboxPhase_SANDBOX_PHASE_READY, 3*time.Minute)
+	id := g.createReady(ctx, t, name)
 	pod1, err := g.c.Clientset.CoreV1().Pods(g.ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
