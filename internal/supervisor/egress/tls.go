@@ -181,6 +181,10 @@ func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, poole
 			p.releaseTo(&p.tlsPool, pooled, true)
 		}
 	}()
+	// upErr is a failed upstream TLS handshake: answered with 502 once the
+	// agent's first request is read, so the status answers a request
+	// (written earlier it races the client's write and reads as unsolicited).
+	var upErr error
 	client, hello, ok := acceptTunnel(c, br)
 	if !ok {
 		return
@@ -222,12 +226,8 @@ func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, poole
 		default:
 			var err error
 			if upc, err = p.upstreamTLS(newUpstream(raw, host, port, ip), host, port); err != nil {
-				upc = nil
-				ev := connEv
-				ev.Decision, ev.Reason = "deny", err.Error()
-				p.emit(&ev)
-				writeStatus(client, http.StatusBadGateway, ev.Reason)
-				return
+				upc, raw = nil, nil // upstreamTLS closed it
+				upErr = err
 			}
 		}
 	} else {
@@ -253,6 +253,13 @@ func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, poole
 			return
 		}
 		limit = httpHeaderLimit
+		if upErr != nil {
+			ev := connEv
+			ev.Decision, ev.Reason = "deny", upErr.Error()
+			p.emit(&ev)
+			writeStatus(client, http.StatusBadGateway, ev.Reason)
+			return
+		}
 		ev := Event{Kind: "http", Host: host, Port: port, Method: req.Method, Binary: connEv.Binary, PID: connEv.PID, Policy: connEv.Policy, IP: upc.ip.String()}
 		if req.URL.IsAbs() || req.URL.Host != "" {
 			writeStatus(client, http.StatusBadRequest, "requests inside a terminated tunnel take origin-form targets")
