@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/openshell-go/openshell/internal/citest"
 )
 
 // buildOpenshell builds the real openshell binary for tests that need a
@@ -21,10 +23,7 @@ func buildOpenshell(t *testing.T) string {
 	bin := filepath.Join(t.TempDir(), "openshell")
 	cmd := exec.Command("go", "build", "-o", bin, "../../cmd/openshell")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("build openshell: %v\n%s", err, out)
-		}
-		t.Skipf("cannot build openshell: %v\n%s", err, out)
+		citest.SkipOrFail(t, "cannot build openshell: %v\n%s", err, out)
 	}
 	return bin
 }

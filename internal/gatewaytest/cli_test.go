@@ -20,6 +20,7 @@ import (
 	"github.com/creack/pty"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/citest"
 )
 
 // cli runs the real openshell binary against a gateway registered in a
@@ -131,10 +132,7 @@ func TestCLIEndToEnd(t *testing.T) {
 	t.Run("ssh-config with OpenSSH", func(t *testing.T) {
 		sshBin, err := exec.LookPath("ssh")
 		if err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatal("ssh client not installed (apt-get install openssh-client)")
-			}
-			t.Skip("ssh client not installed")
+			citest.SkipOrFail(t, "ssh client not installed (apt-get install openssh-client)")
 		}
 		block := c.ok("sandbox", "ssh-config", "cli")
 		cfgFile := filepath.Join(TempDir(t), "ssh_config")

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -15,6 +14,7 @@ import (
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/citest"
 )
 
 // requireCurl returns the resolved path of the host's curl; without one
@@ -26,10 +26,7 @@ func requireCurl(t testing.TB) string {
 		curl, err = filepath.EvalSymlinks(curl)
 	}
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("curl is required: %v", err)
-		}
-		t.Skip("curl not installed")
+		citest.SkipOrFail(t, "curl is required: %v", err)
 	}
 	return curl
 }
@@ -142,10 +139,7 @@ func requirePython(t testing.TB) string {
 	t.Helper()
 	python, err := filepath.EvalSymlinks("/usr/bin/python3")
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("/usr/bin/python3 is required (test/install-deps.sh installs it): %v", err)
-		}
-		t.Skip("/usr/bin/python3 not installed")
+		citest.SkipOrFail(t, "/usr/bin/python3 is required (test/install-deps.sh installs it): %v", err)
 	}
 	return python
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -17,6 +16,7 @@ import (
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/citest"
 )
 
 // TestEgressProxy: a real gateway and supervisor; the sandbox's network
@@ -111,7 +111,7 @@ func TestEgressProxy(t *testing.T) {
 		if out, code := sh(wget + " -q -O - " + target); code == 0 || strings.Contains(out, "upstream saw") {
 			t.Errorf("wget (not in the rule's binaries) got through: exit %d, %q", code, out)
 		}
-	case os.Getenv("CI") == "true":
+	case citest.CI():
 		t.Errorf("wget not found (CI=true; test/install-deps.sh installs it): %v", err)
 	default:
 		t.Logf("wget not installed: the other-binary case is not run")

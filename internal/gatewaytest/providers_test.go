@@ -25,6 +25,7 @@ import (
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/citest"
 	"github.com/openshell-go/openshell/internal/securityevent"
 )
 
@@ -123,10 +124,7 @@ func tlsUpstream(t *testing.T, addr string, hosts []string, seen chan<- string) 
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("listen %s: %v", addr, err)
-		}
-		t.Skipf("listen %s: %v", addr, err)
+		citest.SkipOrFail(t, "listen %s: %v", addr, err)
 	}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		seen <- r.Host + " " + r.Header.Get("Authorization")

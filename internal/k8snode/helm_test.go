@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/citest"
 	"github.com/openshell-go/openshell/internal/gatewaytest"
 	"github.com/openshell-go/openshell/internal/k8stest"
 	"github.com/openshell-go/openshell/internal/pki"
@@ -34,11 +35,7 @@ func helmBinary(t *testing.T) string {
 	t.Helper()
 	p := os.Getenv("OPENSHELL_K8S_HELM")
 	if _, err := os.Stat(p); p == "" || err != nil {
-		msg := fmt.Sprintf("OPENSHELL_K8S_HELM=%q is not the helm binary (run: eval \"$(test/k8s/node/build.sh)\")", p)
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		citest.SkipOrFail(t, "OPENSHELL_K8S_HELM=%q is not the helm binary (run: eval \"$(test/k8s/node/build.sh)\")", p)
 	}
 	return p
 }

@@ -29,6 +29,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
+
+	"github.com/openshell-go/openshell/internal/citest"
 )
 
 // EnvBinDir names the environment variable holding the directory built by
@@ -122,10 +124,7 @@ func BinDir() (string, error) {
 // unavailable skips the test, or fails it under CI=true.
 func unavailable(t testing.TB, err error) {
 	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("k8stest: kubernetes harness unavailable (CI=true): %v", err)
-	}
-	t.Skipf("k8stest: kubernetes harness unavailable: %v", err)
+	citest.SkipOrFail(t, "k8stest: kubernetes harness unavailable: %v", err)
 }
 
 // Start starts a cluster for t alone and stops it in t.Cleanup (the

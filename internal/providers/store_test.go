@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	datamodelv1 "github.com/openshell-go/openshell/api/openshell/datamodel/v1"
+	"github.com/openshell-go/openshell/internal/citest"
 	"github.com/openshell-go/openshell/internal/credentials"
 	"github.com/openshell-go/openshell/internal/errdefs"
 	"github.com/openshell-go/openshell/internal/providers"
@@ -120,10 +121,7 @@ func TestNoPlaintextAtRestSQLite(t *testing.T) {
 func TestNoPlaintextAtRestPostgres(t *testing.T) {
 	admin := os.Getenv("OPENSHELL_TEST_POSTGRES_URL")
 	if admin == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("OPENSHELL_TEST_POSTGRES_URL is not set (CI=true): run test/postgres/start.sh")
-		}
-		t.Skip("OPENSHELL_TEST_POSTGRES_URL is not set")
+		citest.SkipOrFail(t, "OPENSHELL_TEST_POSTGRES_URL is not set: run test/postgres/start.sh")
 	}
 	ctx := t.Context()
 	conn, err := pgx.Connect(ctx, admin)

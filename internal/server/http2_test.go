@@ -15,6 +15,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/openshell-go/openshell/internal/citest"
 )
 
 // TestHTTP2SettingsNeverChangeNoRFC7540Priorities speaks HTTP/2 frame by
@@ -109,10 +111,7 @@ func TestHTTP2SettingsNeverChangeNoRFC7540Priorities(t *testing.T) {
 func TestHTTPEndpointsWithCurl(t *testing.T) {
 	curl, err := exec.LookPath("curl")
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("curl not found (CI=true): %v", err)
-		}
-		t.Skipf("curl not found: %v", err)
+		citest.SkipOrFail(t, "curl not found: %v", err)
 	}
 	f := newFixture(t)
 	_, addr := startServer(t, f.fullOptions(t, true))

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openshell-go/openshell/internal/citest"
 	"github.com/openshell-go/openshell/internal/relay/relaytest"
 	"github.com/openshell-go/openshell/internal/sshexec"
 )
@@ -49,19 +50,11 @@ func supervisorBinary(t testing.TB) string {
 	return binPath
 }
 
-func skipOrFail(t testing.TB, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf(format, args...)
-	}
-	t.Skipf(format, args...)
-}
-
 // TestBinaryInNamespaces runs the real binary the way the process driver
 // does: new pid/mount/uts/ipc namespaces, PID 1, hostname and private /tmp.
 func TestBinaryInNamespaces(t *testing.T) {
 	if os.Geteuid() != 0 {
-		skipOrFail(t, "needs root for namespaces")
+		citest.SkipOrFail(t, "needs root for namespaces")
 	}
 	bin := supervisorBinary(t)
 	gw := relaytest.Start(t, relaytest.Options{})
@@ -96,7 +89,7 @@ func TestBinaryInNamespaces(t *testing.T) {
 		Pdeathsig:  syscall.SIGKILL,
 	}
 	if err := cmd.Start(); err != nil {
-		skipOrFail(t, "cannot start in new namespaces: %v", err)
+		citest.SkipOrFail(t, "cannot start in new namespaces: %v", err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()

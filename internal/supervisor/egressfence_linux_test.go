@@ -19,6 +19,7 @@ import (
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/citest"
 	"github.com/openshell-go/openshell/internal/relay/relaytest"
 	"github.com/openshell-go/openshell/internal/sshexec"
 )
@@ -35,13 +36,13 @@ import (
 // upstream directly, under hard_requirement no agent process starts.
 func TestBinaryPodEgressFence(t *testing.T) {
 	if os.Geteuid() != 0 {
-		skipOrFail(t, "needs root: network namespaces, nftables and the agent's confinement")
+		citest.SkipOrFail(t, "needs root: network namespaces, nftables and the agent's confinement")
 	}
 	tools := map[string]string{}
 	for _, name := range []string{"setpriv", "ip", "curl", "bash"} {
 		p, err := exec.LookPath(name)
 		if err != nil {
-			skipOrFail(t, "needs %s: %v", name, err)
+			citest.SkipOrFail(t, "needs %s: %v", name, err)
 		}
 		tools[name] = p
 	}

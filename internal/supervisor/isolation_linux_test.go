@@ -15,6 +15,7 @@ import (
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/citest"
 	"github.com/openshell-go/openshell/internal/relay/relaytest"
 	"github.com/openshell-go/openshell/internal/sshexec"
 	"github.com/openshell-go/openshell/internal/supervisor"
@@ -35,7 +36,7 @@ type confinedSandbox struct {
 func startConfined(t *testing.T, id string, process *sandboxv1.ProcessPolicy) *confinedSandbox {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		skipOrFail(t, "needs root: agent processes drop privileges for real")
+		citest.SkipOrFail(t, "needs root: agent processes drop privileges for real")
 	}
 	base, err := os.MkdirTemp("/var/tmp", "openshell-confined-")
 	if err != nil {
@@ -223,7 +224,7 @@ func TestAgentRunsAsPolicyUser(t *testing.T) {
 // do not stop the agent but are not LOADED.
 func TestPolicyStatusTruth(t *testing.T) {
 	if os.Geteuid() != 0 {
-		skipOrFail(t, "needs root: agent processes drop privileges for real")
+		citest.SkipOrFail(t, "needs root: agent processes drop privileges for real")
 	}
 	tests := []struct {
 		name      string
@@ -330,7 +331,7 @@ func TestBinaryPrivateNetwork(t *testing.T) {
 	}
 	t.Run("refuses to start without a network namespace", func(t *testing.T) {
 		if os.Geteuid() != 0 {
-			skipOrFail(t, "needs root")
+			citest.SkipOrFail(t, "needs root")
 		}
 		gw := relaytest.Start(t, relaytest.Options{})
 		cmd := exec.Command(supervisorBinary(t))

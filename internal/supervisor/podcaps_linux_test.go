@@ -12,6 +12,7 @@ import (
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/citest"
 	"github.com/openshell-go/openshell/internal/relay/relaytest"
 	"github.com/openshell-go/openshell/internal/sshexec"
 )
@@ -26,11 +27,11 @@ import (
 // agent process killed when its client goes away (it fails without KILL).
 func TestBinaryPodCapabilities(t *testing.T) {
 	if os.Geteuid() != 0 {
-		skipOrFail(t, "needs root: the supervisor drops privileges for real")
+		citest.SkipOrFail(t, "needs root: the supervisor drops privileges for real")
 	}
 	setpriv, err := exec.LookPath("setpriv")
 	if err != nil {
-		skipOrFail(t, "needs setpriv (util-linux) to start the supervisor with a reduced bounding set: %v", err)
+		citest.SkipOrFail(t, "needs setpriv (util-linux) to start the supervisor with a reduced bounding set: %v", err)
 	}
 	bin := supervisorBinary(t)
 	for _, tt := range []struct {

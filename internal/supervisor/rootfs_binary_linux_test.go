@@ -8,6 +8,7 @@ import (
 	"time"
 
 	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
+	"github.com/openshell-go/openshell/internal/citest"
 	"github.com/openshell-go/openshell/internal/relay/relaytest"
 	"github.com/openshell-go/openshell/internal/sshexec"
 )
@@ -19,7 +20,7 @@ import (
 // TestBinarySingleIDUserNamespace covers one that maps only root.
 func TestBinaryFilesystemInUserNamespace(t *testing.T) {
 	if os.Geteuid() != 0 {
-		skipOrFail(t, "needs root for namespaces")
+		citest.SkipOrFail(t, "needs root for namespaces")
 	}
 	rootfs := busyboxImage(t)
 	tests := []struct {
@@ -83,7 +84,7 @@ func busyboxImage(t *testing.T) string {
 	t.Helper()
 	data, err := os.ReadFile("/bin/busybox")
 	if err != nil {
-		skipOrFail(t, "no static busybox (Debian package busybox-static): %v", err)
+		citest.SkipOrFail(t, "no static busybox (Debian package busybox-static): %v", err)
 	}
 	root := filepath.Join(t.TempDir(), "image")
 	if err := os.MkdirAll(filepath.Join(root, "bin"), 0o755); err != nil {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+	"github.com/openshell-go/openshell/internal/citest"
 	"github.com/openshell-go/openshell/internal/relay/relaytest"
 	"github.com/openshell-go/openshell/internal/sshexec"
 )
@@ -63,7 +64,7 @@ func startRootSandboxWith(t *testing.T, o rootOpts) *rootSandbox {
 	t.Helper()
 	userns, singleID, image, policy := o.userns, o.singleID, o.image, o.policy
 	if os.Geteuid() != 0 {
-		skipOrFail(t, "needs root for namespaces")
+		citest.SkipOrFail(t, "needs root for namespaces")
 	}
 	bin := supervisorBinary(t)
 	s := &rootSandbox{gw: relaytest.Start(t, relaytest.Options{}), id: "sb-root"}
@@ -120,7 +121,7 @@ func startRootSandboxWith(t *testing.T, o rootOpts) *rootSandbox {
 		cmd.SysProcAttr.GidMappingsEnableSetgroups = !singleID
 	}
 	if err := cmd.Start(); err != nil {
-		skipOrFail(t, "cannot start in new namespaces: %v", err)
+		citest.SkipOrFail(t, "cannot start in new namespaces: %v", err)
 	}
 	stopAtCleanup(t, cmd, &stderr)
 	s.gw.WaitFor(t, 30*time.Second, "session of the binary", func(st *relaytest.State) bool { return st.Connected(s.id) })

@@ -18,6 +18,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/openshell-go/openshell/internal/citest"
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/compute/computetest"
 	"github.com/openshell-go/openshell/internal/compute/process"
@@ -33,10 +34,7 @@ func realDriver(t *testing.T) (*process.Driver, string) {
 	dir := os.Getenv("OPENSHELL_TEST_BIN_DIR")
 	bin := filepath.Join(dir, "openshell-sandbox")
 	if _, err := os.Stat(bin); dir == "" || err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true but %s is not built (OPENSHELL_TEST_BIN_DIR=%q)", bin, dir)
-		}
-		t.Skip("set OPENSHELL_TEST_BIN_DIR to a directory with a built openshell-sandbox")
+		citest.SkipOrFail(t, "%s is not built: set OPENSHELL_TEST_BIN_DIR to a directory with a built openshell-sandbox (OPENSHELL_TEST_BIN_DIR=%q)", bin, dir)
 	}
 	requireNamespaces(t)
 	// Not under /tmp: the supervisor stages its root there.
@@ -69,10 +67,7 @@ func busyboxImage(t *testing.T, dir string) string {
 	const bb = "/bin/busybox"
 	data, err := os.ReadFile(bb)
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("a static busybox is required at %s (Debian package busybox-static): %v", bb, err)
-		}
-		t.Skipf("no static busybox at %s: %v", bb, err)
+		citest.SkipOrFail(t, "a static busybox is required at %s (Debian package busybox-static): %v", bb, err)
 	}
 	root := filepath.Join(dir, "image")
 	for _, d := range []string{"bin", "etc", "usr"} {

@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/openshell-go/openshell/internal/citest"
 	"github.com/openshell-go/openshell/internal/store"
 	"github.com/openshell-go/openshell/internal/store/open"
 	"github.com/openshell-go/openshell/internal/store/storetest"
@@ -71,10 +72,7 @@ func TestOpenErrors(t *testing.T) {
 func TestOpenPostgres(t *testing.T) {
 	admin := os.Getenv("OPENSHELL_TEST_POSTGRES_URL")
 	if admin == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("OPENSHELL_TEST_POSTGRES_URL is not set (CI=true)")
-		}
-		t.Skip("OPENSHELL_TEST_POSTGRES_URL is not set")
+		citest.SkipOrFail(t, "OPENSHELL_TEST_POSTGRES_URL is not set: run test/postgres/start.sh")
 	}
 	conn, err := pgx.Connect(t.Context(), admin)
 	if err != nil {

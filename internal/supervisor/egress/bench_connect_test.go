@@ -16,6 +16,7 @@ import (
 	"time"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+	"github.com/openshell-go/openshell/internal/citest"
 )
 
 // benchClientEnv makes the test binary a BenchmarkConnect client (see
@@ -277,10 +278,7 @@ func startInPIDNamespace(b testing.TB, cmd *exec.Cmd) (io.WriteCloser, io.Reader
 		b.Fatal(err)
 	}
 	if err := ucmd.Start(); err != nil {
-		if os.Getenv("CI") == "true" {
-			b.Fatal(err)
-		}
-		b.Skipf("unshare: %v", err)
+		citest.SkipOrFail(b, "unshare: %v", err)
 	}
 	b.Cleanup(func() { in.Close(); _ = ucmd.Process.Kill(); _ = ucmd.Wait() })
 	return in, out, fmt.Sprintf("/proc/%d/root/proc", ucmd.Process.Pid)

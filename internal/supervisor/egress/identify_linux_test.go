@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+	"github.com/openshell-go/openshell/internal/citest"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,10 +26,7 @@ func needTool(t *testing.T, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is required: %v", name, err)
-		}
-		t.Skipf("%s not installed", name)
+		citest.SkipOrFail(t, "%s is required: %v", name, err)
 	}
 	p, err = filepath.EvalSymlinks(p)
 	if err != nil {
@@ -248,8 +246,8 @@ func TestSockDiag(t *testing.T) {
 			addr := map[string]string{"tcp4": "127.0.0.1:0", "tcp6": "[::1]:0"}[network]
 			ln, err := net.Listen(network, addr)
 			if err != nil {
-				if network == "tcp6" && os.Getenv("CI") != "true" {
-					t.Skipf("no IPv6 loopback: %v", err)
+				if network == "tcp6" {
+					citest.SkipOrFail(t, "no IPv6 loopback: %v", err)
 				}
 				t.Fatal(err)
 			}
@@ -506,10 +504,7 @@ func heldAtProbe(pid string) {
 // read their links); the scanned process is this test, root.
 func TestHeldAtStopsWhenDenied(t *testing.T) {
 	if os.Getuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root (to run the scanner as another user)")
-		}
-		t.Skip("needs root")
+		citest.SkipOrFail(t, "needs root (to run the scanner as another user)")
 	}
 	// Descriptors to scan: a few open files of this process.
 	for range 8 {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openshell-go/openshell/internal/citest"
 	"github.com/openshell-go/openshell/internal/supervisor/isolation"
 )
 
@@ -17,7 +18,7 @@ import (
 // the ratio and the added cost per spawn.
 func BenchmarkConfinedSpawn(b *testing.B) {
 	if os.Geteuid() != 0 {
-		skipOrFail(b, "needs root: the confinement drops privileges for real")
+		citest.SkipOrFail(b, "needs root: the confinement drops privileges for real")
 	}
 	spawn := func(c *isolation.Confinement) time.Duration {
 		start := time.Now()

@@ -12,19 +12,15 @@ import (
 	"testing"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+	"github.com/openshell-go/openshell/internal/citest"
 	"github.com/openshell-go/openshell/internal/supervisor/isolation"
 	"github.com/openshell-go/openshell/internal/supervisor/isolation/isolationtest"
 )
 
-func skipOrFail(t testing.TB, format string, args ...any) {
-	t.Helper()
-	isolationtest.SkipOrFail(t, format, args...)
-}
-
 func needRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		skipOrFail(t, "needs root: the confinement drops privileges for real")
+		citest.SkipOrFail(t, "needs root: the confinement drops privileges for real")
 	}
 }
 
@@ -144,7 +140,7 @@ func confinement(t *testing.T, p *sandboxv1.SandboxPolicy, workdir string) *isol
 func TestEscapes(t *testing.T) {
 	needRoot(t)
 	if isolation.LandlockABI() < 1 {
-		skipOrFail(t, "kernel without Landlock")
+		citest.SkipOrFail(t, "kernel without Landlock")
 	}
 	l := newLayout(t)
 	c := confinement(t, l.policy(), l.ws)
@@ -406,7 +402,7 @@ func TestLandlockScopes(t *testing.T) {
 	needRoot(t)
 	abi := isolation.LandlockABI()
 	if abi < 6 {
-		skipOrFail(t, "kernel Landlock ABI %d: scopes need 6", abi)
+		citest.SkipOrFail(t, "kernel Landlock ABI %d: scopes need 6", abi)
 	}
 	if got := strings.Join(isolation.LandlockScopes(abi), ","); got != "abstract_unix_socket,signal" {
 		t.Errorf("LandlockScopes(%d) = %q, want abstract_unix_socket,signal", abi, got)

@@ -5,7 +5,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/openshell-go/openshell/internal/supervisor/isolation/isolationtest"
+	"github.com/openshell-go/openshell/internal/citest"
 )
 
 // TestBuildRulesetScopesOnly: under best effort, when no rule path can be
@@ -14,7 +14,7 @@ import (
 func TestBuildRulesetScopesOnly(t *testing.T) {
 	abi := LandlockABI()
 	if abi < 1 {
-		isolationtest.SkipOrFail(t, "kernel without Landlock")
+		citest.SkipOrFail(t, "kernel without Landlock")
 	}
 	spec := LandlockSpec{ReadOnly: []Path{{Path: "/does/not/exist"}}}
 	for _, a := range []int{5, abi} {

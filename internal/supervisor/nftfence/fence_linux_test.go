@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
+	"github.com/openshell-go/openshell/internal/citest"
 	"github.com/openshell-go/openshell/internal/supervisor/egress"
 	"github.com/openshell-go/openshell/internal/supervisor/nftfence"
 )
@@ -45,14 +46,6 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func skipOrFail(t testing.TB, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf(format, args...)
-	}
-	t.Skipf(format, args...)
-}
-
 // TestFence re-executes itself in a network namespace of its own
 // (CLONE_NEWNET), as root, so that the fence never touches the host's
 // network, and there runs testFenceInNetns.
@@ -62,7 +55,7 @@ func TestFence(t *testing.T) {
 		return
 	}
 	if os.Geteuid() != 0 {
-		skipOrFail(t, "needs root: creates a network namespace and runs probes as uid %d", agentID)
+		citest.SkipOrFail(t, "needs root: creates a network namespace and runs probes as uid %d", agentID)
 	}
 	exe := publicCopy(t)
 	cmd := exec.Command(exe, "-test.run=^TestFence$", "-test.v", "-test.count=1")
@@ -625,11 +618,11 @@ func echoOnce() int {
 func testOutsidePeer(t *testing.T, exe string) {
 	ip, err := exec.LookPath("ip")
 	if err != nil {
-		skipOrFail(t, "needs ip (iproute2) to create a veth pair: %v", err)
+		citest.SkipOrFail(t, "needs ip (iproute2) to create a veth pair: %v", err)
 	}
 	nsenter, err := exec.LookPath("nsenter")
 	if err != nil {
-		skipOrFail(t, "needs nsenter (util-linux) to run in the peer namespace: %v", err)
+		citest.SkipOrFail(t, "needs nsenter (util-linux) to run in the peer namespace: %v", err)
 	}
 	// The peer's server runs in a network namespace of its own.
 	peer, peerPort := startServer(t, exe, &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}, "0.0.0.0:0")

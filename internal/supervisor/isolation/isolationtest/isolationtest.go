@@ -46,13 +46,3 @@ func EscapeBinary(t testing.TB) string {
 	}
 	return bin
 }
-
-// SkipOrFail skips t, or fails it under CI=true, where a component that
-// cannot run is a failure.
-func SkipOrFail(t testing.TB, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf(format, args...)
-	}
-	t.Skipf(format, args...)
-}
