@@ -164,16 +164,17 @@ func newEngine(module string, rules []rule) (*engine, error) {
 
 // regoData is data.egress (see policy.rego): the rules in Snapshot order
 // with their binaries split into exact paths and patterns, and the
-// endpoints the snapshot kept grouped by port, then by exact host or by
-// host pattern under its tail (hostTail), as [rule index, endpoint index]
-// pairs (indices of Snapshot.rules). It is a lookup form of the policy, not
+// endpoints the snapshot kept grouped by port, then by exact host, by host
+// pattern under its tail (hostTail), or as any host ("*", "**", hostless
+// with allowed_ips), as [rule index, endpoint index] pairs (indices of
+// Snapshot.rules). It is a lookup form of the policy, not
 // a decision: every match is Rego's. It
 // also returns the number of glob patterns (host and binary) in it.
 func regoData(rules []rule) (ast.Object, int) {
 	type portIndex struct {
-		exact             map[string][]*ast.Term
-		globs             map[string]map[string][]*ast.Term // by tail, then pattern
-		anyHost, hostless []*ast.Term
+		exact   map[string][]*ast.Term
+		globs   map[string]map[string][]*ast.Term // by tail, then pattern
+		anyHost []*ast.Term
 	}
 	ports := map[uint32]*portIndex{}
 	patterns := 0
@@ -190,7 +191,7 @@ func regoData(rules []rule) (ast.Object, int) {
 				}
 				switch {
 				case host == "" && len(ep.allowedIPs) > 0:
-					x.hostless = append(x.hostless, at)
+					x.anyHost = append(x.anyHost, at) // hostless: allowed_ips decide
 				case host == "":
 				case host == "*" || host == "**":
 					x.anyHost = append(x.anyHost, at)
@@ -230,7 +231,6 @@ func regoData(rules []rule) (ast.Object, int) {
 			ast.Item(ast.InternedTerm("exact_hosts"), ast.NewTerm(termLists(x.exact))),
 			ast.Item(ast.InternedTerm("glob_hosts"), ast.NewTerm(tailLists(x.globs))),
 			ast.Item(ast.InternedTerm("any_host"), ast.ArrayTerm(x.anyHost...)),
-			ast.Item(ast.InternedTerm("hostless"), ast.ArrayTerm(x.hostless...)),
 		))
 	}
 	return ast.NewObject(
@@ -257,18 +257,39 @@ func tailLists(m map[string]map[string][]*ast.Term) ast.Object {
 	return obj
 }
 
-// hostTail is the labels of a host pattern after its last label
-// containing '*' ("" when that is the last label). Every host the pattern
-// matches ends with "." and the tail, as both are literal at the end of
-// the pattern: policy.rego tries a pattern only on a host ending so,
-// instead of every pattern of the port on every host.
+// hostTail is the end of a host pattern after its last label containing
+// '*', from the dot before the next label (".example.com" for
+// "*.example.com" and "*.s3.*.example.com"), or "" when that label is the
+// last ("api.*"). Every host the pattern matches ends with its tail, which
+// is literal at the end of the pattern: policy.rego tries a pattern only on
+// the hosts ending so (hostTails), instead of every pattern of the port on
+// every host.
 func hostTail(pattern string) string {
 	i := strings.LastIndexByte(pattern, '*')
 	j := strings.IndexByte(pattern[i:], '.')
 	if j < 0 {
 		return ""
 	}
-	return pattern[i+j+1:]
+	return pattern[i+j:]
+}
+
+// hostTails is the input "tails" of a request for host: "" and the host's
+// ends from each of its dots (".b.c" and ".c" for "a.b.c"), the host
+// lower-cased and one trailing dot removed as policy.rego does. These are
+// the keys of the host patterns that may match it (hostTail); which of
+// them do is Rego's glob.match. A tail missing here only leaves patterns
+// untried, which denies: it can never allow.
+func hostTails(host string) *ast.Term {
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	n := 1 + strings.Count(host, ".")
+	ts := make([]*ast.Term, 1, n)
+	ts[0] = ast.InternedEmptyString
+	for i := 0; i < len(host); i++ {
+		if host[i] == '.' {
+			ts = append(ts, ast.StringTerm(host[i:]))
+		}
+	}
+	return ast.ArrayTerm(ts...)
 }
 
 // globPattern escapes, in an entry containing '*', every glob meta
@@ -304,6 +325,19 @@ var errNoDecision = errors.New("the policy engine returned no decision")
 // round trip through JSON-like Go values.
 func keepAST(t *ast.Term, _ *rego.EvalContext) (any, error) { return t, nil }
 
+// The keys of the input object and of the decision.
+var (
+	keyHost      = ast.StringTerm("host")
+	keyPort      = ast.StringTerm("port")
+	keyExe       = ast.StringTerm("exe")
+	keyAncestors = ast.StringTerm("ancestors")
+	keyTails     = ast.StringTerm("tails")
+	keyAllow     = ast.StringTerm("allow")
+	keyReason    = ast.StringTerm("reason")
+	keyRule      = ast.StringTerm("rule")
+	keyMatches   = ast.StringTerm("matches")
+)
+
 // eval decides r. Any error (evaluation error, undefined or malformed
 // result) is returned, and the caller denies.
 func (e *engine) eval(r Request) (verdict, error) {
@@ -313,10 +347,11 @@ func (e *engine) eval(r Request) (verdict, error) {
 		anc[i] = ast.StringTerm(a)
 	}
 	input := ast.NewObject(
-		ast.Item(ast.InternedTerm("host"), ast.StringTerm(r.Host)),
-		ast.Item(ast.InternedTerm("port"), ast.InternedTerm(int(r.Port))),
-		ast.Item(ast.InternedTerm("exe"), ast.StringTerm(r.Exe)),
-		ast.Item(ast.InternedTerm("ancestors"), ast.ArrayTerm(anc...)),
+		ast.Item(keyHost, ast.StringTerm(r.Host)),
+		ast.Item(keyPort, ast.InternedTerm(int(r.Port))),
+		ast.Item(keyExe, ast.StringTerm(r.Exe)),
+		ast.Item(keyAncestors, ast.ArrayTerm(anc...)),
+		ast.Item(keyTails, hostTails(r.Host)),
 	)
 	opts := make([]rego.EvalOption, 0, len(e.opts)+1)
 	rs, err := e.query.Eval(context.Background(), append(append(opts, e.opts...), rego.EvalParsedInput(input))...)
@@ -339,19 +374,19 @@ func parseVerdict(v ast.Value) (verdict, error) {
 	if !ok {
 		return verdict{}, fmt.Errorf("policy engine: decision is %s, want an object", ast.ValueName(v))
 	}
-	allow, ok := objGet[ast.Boolean](obj, "allow")
+	allow, ok := objGet[ast.Boolean](obj, keyAllow)
 	if !ok {
 		return verdict{}, errors.New("policy engine: decision without allow")
 	}
 	if !allow {
-		reason, ok := objGet[ast.String](obj, "reason")
+		reason, ok := objGet[ast.String](obj, keyReason)
 		if !ok || reason == "" {
 			return verdict{}, errors.New("policy engine: denial without a reason")
 		}
 		return verdict{reason: string(reason)}, nil
 	}
-	rule, ok := getInt(obj.Get(ast.InternedTerm("rule")))
-	set, ok2 := objGet[ast.Set](obj, "matches")
+	rule, ok := getInt(obj.Get(keyRule))
+	set, ok2 := objGet[ast.Set](obj, keyMatches)
 	if !ok || !ok2 || set.Len() == 0 {
 		return verdict{}, errors.New("policy engine: allow without its rule and matches")
 	}
@@ -372,9 +407,9 @@ func parseVerdict(v ast.Value) (verdict, error) {
 	return d, nil
 }
 
-func objGet[T ast.Value](obj ast.Object, key string) (T, bool) {
+func objGet[T ast.Value](obj ast.Object, key *ast.Term) (T, bool) {
 	var zero T
-	t := obj.Get(ast.InternedTerm(key))
+	t := obj.Get(key)
 	if t == nil {
 		return zero, false
 	}

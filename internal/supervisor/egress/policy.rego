@@ -1,10 +1,16 @@
 # The connection decision of the sandbox egress proxy (package egress).
 #
 # Evaluated once per connection (and per holder of the client socket) with
-#   input: {"host": string, "port": number, "exe": string, "ancestors": [string]}
+#   input: {"host": string, "port": number, "exe": string, "ancestors": [string],
+#           "tails": [string]}
 #     host as the client named it, exe the kernel-resolved executable of the
 #     process holding the client socket ("" when unidentified), ancestors its
 #     parents' executables, nearest first. argv is never part of the input.
+#     tails is a lookup aid built by Go from host: "" and the host's ends
+#     from each of its dots, ".b.c" and ".c" for "a.b.c" (lower-cased, one
+#     trailing dot removed, as host below): the keys under which the host
+#     patterns that may match it are filed. Which of them match is decided
+#     here; a missing tail would leave patterns untried (deny), never allow.
 #   data.egress: the policy generation's network_policies in lookup form,
 #     built by Go once per generation (engine.go):
 #     "rules": one per rule, sorted by name:
@@ -13,15 +19,16 @@
 #       endpoint index] pairs:
 #       {port: {"exact_hosts": {host: [[i, j]]},
 #               "glob_hosts": {tail: {pattern: [[i, j]]}},
-#               "any_host": [[i, j]],   host "*" or "**"
-#               "hostless": [[i, j]]}}
+#               "any_host": [[i, j]]}}   host "*" or "**", or hostless
 #     Hosts are lower-cased. A host or binary entry containing "*" is a
 #     pattern; in it every glob meta character of glob.match but "*" is
 #     escaped, so "*" and "**" are the only wildcards. A host pattern is
-#     filed under its tail: the labels after its last label containing "*"
-#     as written ("example.com" for "*.example.com" and "*.s3.*.example.com",
-#     "" for "api.*"); a host it matches ends with "." and the tail. A
-#     hostless endpoint is listed only when it has allowed_ips.
+#     filed under its tail: its end from the dot after its last label
+#     containing "*" (".example.com" for "*.example.com" and
+#     "*.s3.*.example.com"), "" when that label is the last ("api.*"); a host
+#     it matches ends with the tail. A hostless endpoint (allowed_ips, no
+#     host) is listed under any_host, as it allows any host on its port; one
+#     without allowed_ips is not listed.
 #
 # The result is data.openshell.egress.decision:
 #   {"allow": true, "rule": index of the first allowing rule,
@@ -56,33 +63,20 @@ hits contains m if {
 	some m in on_port.exact_hosts[host]
 }
 
-# "*" or "**" alone: every host.
+# "*" or "**" alone, or no host (allowed_ips): every host.
 hits contains m if {
 	some m in on_port.any_host
 }
 
 # Wildcard host with "." as separator: "*" matches within one DNS label
 # ("*.example.com", "*-aiplatform.googleapis.com", "*.s3.*.amazonaws.com"),
-# "**" across labels ("**.example.com"). Only the patterns filed under a
-# tail the host ends with are tried: those under the host's part after
-# each of its dots, and those under "" (whatever the host).
+# "**" across labels ("**.example.com"). Only the patterns filed under one
+# of the host's tails are tried.
 hits contains m if {
-	some i in indexof_n(host, ".")
-	some pattern, ms in on_port.glob_hosts[substring(host, i + 1, -1)]
+	some tail in input.tails
+	some pattern, ms in on_port.glob_hosts[tail]
 	glob.match(pattern, ["."], host)
 	some m in ms
-}
-
-hits contains m if {
-	some pattern, ms in on_port.glob_hosts[""]
-	glob.match(pattern, ["."], host)
-	some m in ms
-}
-
-# Hostless endpoint (allowed_ips, no host): any host on the port; the
-# resolved addresses must then lie inside allowed_ips (the SSRF guard in Go).
-hits contains m if {
-	some m in on_port.hostless
 }
 
 # --- Binary matching: the executable or any ancestor ---
@@ -101,27 +95,24 @@ binary_allowed(i) if {
 
 # --- Decision ---
 
-# The rules with an endpoint matching host and port (whatever the binary).
 # (A partial set referenced whole is evaluated once per query; iterating it
 # by reference would evaluate it again each time.)
-endpoint_rules := {m[0] | some m in all_hits}
-
 all_hits := hits
 
-# The rules allowing the connection: an endpoint and a binary match.
-allowing_rules := {i | some i in endpoint_rules; binary_allowed(i)}
+# The endpoints matching host and port in every rule allowing the caller
+# (an endpoint and a binary of the rule match).
+matches := {m | some m in all_hits; binary_allowed(m[0])}
 
-# The endpoints matching host and port in every rule allowing the caller.
-matches := {m | some m in all_hits; m[0] in allowing_rules}
-
-decision := {"allow": true, "rule": min(allowing_rules), "matches": matches} if {
-	count(allowing_rules) > 0
+# The allowing rule is the smallest index among the matches ([i, j] pairs
+# order by i first).
+decision := {"allow": true, "rule": min(matches)[0], "matches": matches} if {
+	count(matches) > 0
 } else := {"allow": false, "reason": deny_reason}
 
 # --- Deny reasons ---
 
 deny_reason := "network connections not allowed by policy" if {
 	count(rules) == 0
-} else := sprintf("binary '%s' not allowed in policy '%s'", [input.exe, rules[min(endpoint_rules)].name]) if {
-	count(endpoint_rules) > 0
+} else := sprintf("binary '%s' not allowed in policy '%s'", [input.exe, rules[min(all_hits)[0]].name]) if {
+	count(all_hits) > 0
 } else := sprintf("endpoint %s:%d is not allowed by any policy", [input.host, input.port])

@@ -49,6 +49,9 @@ func TestHostMatches(t *testing.T) {
 		{"*.*.example.com", "b.example.com", false},
 		{"*.example.com", "a..example.com", false},
 		{"**.example.com", "a..example.com", true},
+		{"*.example.com", "API.Example.COM.", true},
+		{"**example.com", "EXAMPLE.COM.", true},
+		{"api.*", "API.Example.", true},
 		{"*", "anything.at.all", true},
 		{"**", "anything.at.all", true},
 	}
