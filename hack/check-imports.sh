@@ -8,7 +8,7 @@
 #     driver; they share only internal/compute. Tests may (remote's
 #     conformance test serves the real process driver through the proxy).
 #  3. Test-helper packages (a package named *test: storetest, computetest,
-#     gatewaytest, relaytest, k8stest, apitest, wiretest, citest) are imported only
+#     gatewaytest, relaytest, k8stest, apitest, wiretest, citest, nstest) are imported only
 #     from _test.go files, or by other test helpers.
 #  4. internal/server does not import internal/store (or its subpackages):
 #     handlers reach state through the API packages and the lifecycle engine.

@@ -3,7 +3,6 @@
 package k8stest
 
 import (
-	"bufio"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -21,6 +20,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/openshell-go/openshell/internal/mountinfo"
 )
 
 // nodeTools are the host programs node mode needs besides the built binaries.
@@ -463,21 +464,13 @@ func (n *Node) stop() {
 
 // unmountUnder lazily unmounts every mount point below dir, deepest first.
 func unmountUnder(dir string) {
-	f, err := os.Open("/proc/self/mountinfo")
+	mounts, err := mountinfo.Read("/proc/self/mountinfo")
 	if err != nil {
 		return
 	}
-	defer f.Close()
 	var points []string
-	s := bufio.NewScanner(f)
-	s.Buffer(make([]byte, 64<<10), 1<<20)
-	for s.Scan() {
-		fields := strings.Fields(s.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		p := unescapeMount(fields[4])
-		if p == dir || strings.HasPrefix(p, dir+"/") {
+	for _, m := range mounts {
+		if p := m.MountPoint; p == dir || strings.HasPrefix(p, dir+"/") {
 			points = append(points, p)
 		}
 	}
@@ -485,25 +478,6 @@ func unmountUnder(dir string) {
 	for _, p := range points {
 		_ = syscall.Unmount(p, syscall.MNT_DETACH)
 	}
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // capSysResource is CAP_SYS_RESOURCE's bit in the capability sets.

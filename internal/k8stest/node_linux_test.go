@@ -9,17 +9,66 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/openshell-go/openshell/internal/mountinfo"
+	"github.com/openshell-go/openshell/internal/nstest"
 )
 
-func TestUnescapeMount(t *testing.T) {
-	if got := unescapeMount(`/tmp/a\040b/c`); got != "/tmp/a b/c" {
-		t.Errorf("unescapeMount = %q", got)
-	}
+// TestUnmountUnder mounts tmpfs file systems below a directory, at names
+// the kernel escapes in mountinfo (space, tab, newline, backslash) and
+// nested, plus one beside it with the same prefix, in a mount namespace
+// of its own, and checks that unmountUnder removes exactly those below
+// the directory.
+func TestUnmountUnder(t *testing.T) {
+	nstest.Run(t, syscall.CLONE_NEWNS, func(t *testing.T, base string) {
+		dir := filepath.Join(base, "node dir")
+		beside := dir + "-beside"
+		var below []string
+		for _, p := range []string{dir, filepath.Join(dir, "a b"), filepath.Join(dir, "a b", "tab\tnl\nback\\"), filepath.Join(dir, "plain"), beside} {
+			if err := os.MkdirAll(p, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Mount("tmpfs", p, "tmpfs", 0, ""); err != nil {
+				t.Fatalf("mount tmpfs at %q: %v", p, err)
+			}
+			if p != beside {
+				below = append(below, p)
+			}
+		}
+		mounted := func() map[string]bool {
+			mounts, err := mountinfo.Read("/proc/self/mountinfo")
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := map[string]bool{}
+			for _, e := range mounts {
+				m[e.MountPoint] = true
+			}
+			return m
+		}
+		before := mounted()
+		for _, p := range append(below, beside) {
+			if !before[p] {
+				t.Fatalf("%q not mounted before unmountUnder", p)
+			}
+		}
+		unmountUnder(dir)
+		after := mounted()
+		for _, p := range below {
+			if after[p] {
+				t.Errorf("%q still mounted after unmountUnder(%q)", p, dir)
+			}
+		}
+		if !after[beside] {
+			t.Errorf("%q (beside, not below, %q) was unmounted", beside, dir)
+		}
+	})
 }
 
 func TestCapEff(t *testing.T) {
@@ -106,10 +155,10 @@ func TestNodeTeardownLeavesNothing(t *testing.T) {
 			t.Errorf("process %s left: %s", p.Name(), strings.ReplaceAll(string(b), "\x00", " "))
 		}
 	}
-	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(unescapeMount(f[4]), dir) {
-				t.Errorf("mount left: %s", f[4])
+	if mounts, err := mountinfo.Read("/proc/self/mountinfo"); err == nil {
+		for _, m := range mounts {
+			if strings.HasPrefix(m.MountPoint, dir) {
+				t.Errorf("mount left: %s", m.MountPoint)
 			}
 		}
 	}

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/openshell-go/openshell/internal/mountinfo"
 )
 
 // hostSystemDirs are bound read-only into a sandbox root assembled from
@@ -74,12 +76,12 @@ func mountHostSystem(root string) error {
 	}
 	// Every bind and filter becomes read-only, repeating its locked flags;
 	// root itself is remounted read-only after the pivot.
-	mounts, err := readMountinfo()
+	mounts, err := mountinfo.Read("/proc/self/mountinfo")
 	if err != nil {
 		return err
 	}
 	for _, m := range remountTargets(mounts, bound, nil) {
-		if err := remountReadOnly(m.mountPoint, m.options); err != nil {
+		if err := remountReadOnly(m.MountPoint, m.Options); err != nil {
 			return err
 		}
 	}

@@ -1,10 +1,8 @@
 package supervisor
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +10,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/openshell-go/openshell/internal/mountinfo"
 )
 
 // systemDirs are remounted read-only in process-driver sandboxes. Entries
@@ -26,47 +26,6 @@ const sandboxWorkspace = "/sandbox"
 // inside a rootfs (on the supervisor's own /dev tmpfs, so nothing is
 // created in the image directory for it).
 const gatewayDirInRootfs = "/dev/.openshell-gateway"
-
-// mountEntry is one line of /proc/self/mountinfo.
-type mountEntry struct {
-	mountPoint string
-	options    string // per-mount options, e.g. "rw,nosuid,relatime"
-}
-
-// parseMountinfo reads /proc/<pid>/mountinfo lines.
-func parseMountinfo(r io.Reader) ([]mountEntry, error) {
-	var out []mountEntry
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 6 {
-			return nil, fmt.Errorf("malformed mountinfo line %q", sc.Text())
-		}
-		out = append(out, mountEntry{mountPoint: unescapeMountinfo(f[4]), options: f[5]})
-	}
-	return out, sc.Err()
-}
-
-// unescapeMountinfo decodes the octal escapes (\040 and friends) the
-// kernel writes for space, tab, newline and backslash.
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
 
 // mountFlags maps per-mount options to the MS_* flags a bind remount must
 // repeat: in a user namespace the kernel locks nosuid, nodev, noexec and
@@ -146,19 +105,19 @@ func isDirPath(p string) bool {
 // remountTargets returns the mount points to make read-only: every mount
 // at or under one of dirs, except those at or under a keep path, each
 // once, with the options of its last (topmost) entry.
-func remountTargets(mounts []mountEntry, dirs, keep []string) []mountEntry {
+func remountTargets(mounts []mountinfo.Mount, dirs, keep []string) []mountinfo.Mount {
 	idx := map[string]int{}
-	var out []mountEntry
+	var out []mountinfo.Mount
 	for _, m := range mounts {
 		in := false
 		for _, d := range dirs {
-			if under(m.mountPoint, d) {
+			if under(m.MountPoint, d) {
 				in = true
 				break
 			}
 		}
 		for _, k := range keep {
-			if under(m.mountPoint, k) {
+			if under(m.MountPoint, k) {
 				in = false
 				break
 			}
@@ -166,11 +125,11 @@ func remountTargets(mounts []mountEntry, dirs, keep []string) []mountEntry {
 		if !in {
 			continue
 		}
-		if i, ok := idx[m.mountPoint]; ok {
+		if i, ok := idx[m.MountPoint]; ok {
 			out[i] = m
 			continue
 		}
-		idx[m.mountPoint] = len(out)
+		idx[m.MountPoint] = len(out)
 		out = append(out, m)
 	}
 	return out
@@ -205,25 +164,16 @@ func protectSystemDirs(keep []string) error {
 			return fmt.Errorf("read-only system directories: bind %s onto itself: %w", d, err)
 		}
 	}
-	mounts, err := readMountinfo()
+	mounts, err := mountinfo.Read("/proc/self/mountinfo")
 	if err != nil {
 		return fmt.Errorf("read-only system directories: %w", err)
 	}
 	for _, m := range remountTargets(mounts, dirs, keepReal) {
-		if err := remountReadOnly(m.mountPoint, m.options); err != nil {
+		if err := remountReadOnly(m.MountPoint, m.Options); err != nil {
 			return fmt.Errorf("read-only system directories: %w", err)
 		}
 	}
 	return nil
-}
-
-func readMountinfo() ([]mountEntry, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return parseMountinfo(f)
 }
 
 func remountReadOnly(path, options string) error {

@@ -3,34 +3,13 @@ package supervisor
 import (
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/sys/unix"
-)
 
-func TestParseMountinfo(t *testing.T) {
-	in := `22 27 0:21 / /proc rw,relatime - proc proc rw
-27 1 254:0 / / rw,relatime - ext4 /dev/vda rw
-28 27 0:25 / /mnt/with\040space ro,nosuid,nodev,relatime shared:1 - tmpfs x ro
-`
-	got, err := parseMountinfo(strings.NewReader(in))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []mountEntry{
-		{"/proc", "rw,relatime"},
-		{"/", "rw,relatime"},
-		{"/mnt/with space", "ro,nosuid,nodev,relatime"},
-	}
-	if d := cmp.Diff(want, got, cmp.AllowUnexported(mountEntry{})); d != "" {
-		t.Errorf("parseMountinfo (-want +got):\n%s", d)
-	}
-	if _, err := parseMountinfo(strings.NewReader("1 2 3\n")); err == nil {
-		t.Error("malformed line accepted")
-	}
-}
+	"github.com/openshell-go/openshell/internal/mountinfo"
+)
 
 func TestMountFlags(t *testing.T) {
 	tests := []struct {
@@ -69,23 +48,26 @@ func TestResolveDirs(t *testing.T) {
 }
 
 func TestRemountTargets(t *testing.T) {
-	mounts := []mountEntry{
-		{"/", "rw,relatime"},
-		{"/usr", "rw,relatime"},
-		{"/usrlocal", "rw"},
-		{"/etc/hosts", "rw,nosuid"},
-		{"/opt/ws", "rw"},
-		{"/opt/ws/sub", "rw"},
-		{"/usr", "rw,nodev,relatime"}, // the recursive bind on top
-		{"/opt", "rw,noexec"},
+	m := func(p, o string) mountinfo.Mount { return mountinfo.Mount{MountPoint: p, Options: o} }
+	mounts := []mountinfo.Mount{
+		m("/", "rw,relatime"),
+		m("/usr", "rw,relatime"),
+		m("/usrlocal", "rw"),
+		m("/etc/hosts", "rw,nosuid"),
+		m("/opt/ws", "rw"),
+		m("/opt/ws/sub", "rw"),
+		m("/usr", "rw,nodev,relatime"), // the recursive bind on top
+		m("/opt", "rw,noexec"),
+		m("/opt/with space\\back\ttab", "rw,nosuid"), // unescaped by mountinfo.Read
 	}
 	got := remountTargets(mounts, []string{"/etc", "/opt", "/usr"}, []string{"/opt/ws"})
-	want := []mountEntry{
-		{"/usr", "rw,nodev,relatime"},
-		{"/etc/hosts", "rw,nosuid"},
-		{"/opt", "rw,noexec"},
+	want := []mountinfo.Mount{
+		m("/usr", "rw,nodev,relatime"),
+		m("/etc/hosts", "rw,nosuid"),
+		m("/opt", "rw,noexec"),
+		m("/opt/with space\\back\ttab", "rw,nosuid"),
 	}
-	if d := cmp.Diff(want, got, cmp.AllowUnexported(mountEntry{})); d != "" {
+	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("remountTargets (-want +got):\n%s", d)
 	}
 }
