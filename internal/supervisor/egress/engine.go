@@ -327,30 +327,30 @@ func keepAST(t *ast.Term, _ *rego.EvalContext) (any, error) { return t, nil }
 
 // The keys of the input object and of the decision.
 var (
-	keyHost      = ast.StringTerm("host")
-	keyPort      = ast.StringTerm("port")
-	keyExe       = ast.StringTerm("exe")
-	keyAncestors = ast.StringTerm("ancestors")
-	keyTails     = ast.StringTerm("tails")
-	keyAllow     = ast.StringTerm("allow")
-	keyReason    = ast.StringTerm("reason")
-	keyRule      = ast.StringTerm("rule")
-	keyMatches   = ast.StringTerm("matches")
+	keyHost    = ast.StringTerm("host")
+	keyPort    = ast.StringTerm("port")
+	keyExe     = ast.StringTerm("exe")
+	keyPaths   = ast.StringTerm("paths")
+	keyTails   = ast.StringTerm("tails")
+	keyAllow   = ast.StringTerm("allow")
+	keyReason  = ast.StringTerm("reason")
+	keyRule    = ast.StringTerm("rule")
+	keyMatches = ast.StringTerm("matches")
 )
 
 // eval decides r. Any error (evaluation error, undefined or malformed
 // result) is returned, and the caller denies.
 func (e *engine) eval(r Request) (verdict, error) {
 	e.evals.Add(1)
-	anc := make([]*ast.Term, len(r.Ancestors))
-	for i, a := range r.Ancestors {
-		anc[i] = ast.StringTerm(a)
+	paths := ast.NewSet(ast.StringTerm(r.Exe))
+	for _, a := range r.Ancestors {
+		paths.Add(ast.StringTerm(a))
 	}
 	input := ast.NewObject(
 		ast.Item(keyHost, ast.StringTerm(r.Host)),
 		ast.Item(keyPort, ast.InternedTerm(int(r.Port))),
 		ast.Item(keyExe, ast.StringTerm(r.Exe)),
-		ast.Item(keyAncestors, ast.ArrayTerm(anc...)),
+		ast.Item(keyPaths, ast.NewTerm(paths)),
 		ast.Item(keyTails, hostTails(r.Host)),
 	)
 	opts := make([]rego.EvalOption, 0, len(e.opts)+1)
