@@ -30,33 +30,13 @@ func TestEgressSecurityEvents(t *testing.T) {
 		querySecret  = "planted-query-secret-8e0d"
 		placeholder  = "openshell:resolve:env:PLANTED_KEY"
 	)
-	curl, port, portN := egressUpstream(t)
-	events := filepath.Join(TempDir(t), "events.jsonl")
-	g := Start(t, Options{
-		Env:       []string{"OPENSHELL_EGRESS_TEST_HOSTS=allowed.test=127.0.0.1,other.egress.test=127.0.0.1,internal.egress.test=127.0.0.1"},
-		ExtraArgs: []string{"--security-event-sink", events},
-	})
-	c := g.Client()
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	pol := egressPolicy(map[string]*sandboxv1.NetworkPolicyRule{
-		"upstream": {
-			Endpoints: []*sandboxv1.NetworkEndpoint{
-				{Host: "allowed.test", Port: portN, AllowedIps: []string{"127.0.0.1"}},
-				{Host: "internal.egress.test", Port: portN}, // loopback without allowed_ips: SSRF guard
-			},
-			Binaries: []*sandboxv1.NetworkBinary{{Path: curl}},
-		},
-	})
-	id := createEgressSandbox(ctx, t, c, "egress-events", &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}, Policy: pol})
-	waitEgressLoaded(ctx, t, c, "egress-events", "")
+	ctx, s := startEventSandbox(t, "egress-events",
+		[]string{"other.egress.test"},    // resolved to loopback, matches no rule
+		[]string{"internal.egress.test"}) // in the rule without allowed_ips: SSRF guard
+	c, id, curl, port, portN, events := s.c, s.id, s.curl, s.port, s.portN, s.events
 	sh := func(script, want string) {
 		t.Helper()
-		out, errOut, _, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"sh", "-c", script}})
-		if err != nil {
-			t.Fatalf("exec %q: %v (stderr %q)", script, err, errOut)
-		}
-		if got := strings.TrimSpace(out); got != want {
+		if got := strings.TrimSpace(s.sh(ctx, t, script)); got != want {
 			t.Fatalf("%s = %q, want %q", script, got, want)
 		}
 	}
@@ -76,16 +56,9 @@ func TestEgressSecurityEvents(t *testing.T) {
 	var got map[key]int
 	var recs []securityevent.Record
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		data, err := os.ReadFile(events)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, all := readSink(t, events)
 		got, recs = map[key]int{}, nil
-		for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
-			var r securityevent.Record
-			if err := json.Unmarshal(line, &r); err != nil {
-				t.Fatalf("event line %q: %v", line, err)
-			}
+		for _, r := range all {
 			if r.Metadata.Product.Name != securityevent.SandboxProduct {
 				continue
 			}
@@ -99,11 +72,11 @@ func TestEgressSecurityEvents(t *testing.T) {
 			}
 			got[k]++
 		}
-		all := true
+		seen := true
 		for k := range want {
-			all = all && got[k] > 0
+			seen = seen && got[k] > 0
 		}
-		if all || time.Now().After(deadline) {
+		if seen || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -140,10 +113,7 @@ func TestEgressSecurityEvents(t *testing.T) {
 		}
 	}
 
-	data, err := os.ReadFile(events)
-	if err != nil {
-		t.Fatal(err)
-	}
+	data, _ := readSink(t, events)
 	logs, err := c.GetSandboxLogs(ctx, &openshellv1.GetSandboxLogsRequest{SandboxId: id})
 	if err != nil {
 		t.Fatal(err)
@@ -158,11 +128,87 @@ func TestEgressSecurityEvents(t *testing.T) {
 	if shown != len(recs) {
 		t.Errorf("GetSandboxLogs shows %d sandbox security events, the sink has %d", shown, len(recs))
 	}
-	for _, s := range []string{headerSecret, querySecret, "PLANTED_KEY", "openshell:resolve:"} {
-		if bytes.Contains(data, []byte(s)) {
-			t.Errorf("the event sink or the sandbox's logs contain %q", s)
+	for _, secret := range []string{headerSecret, querySecret, "PLANTED_KEY", "openshell:resolve:"} {
+		if bytes.Contains(data, []byte(secret)) {
+			t.Errorf("the event sink or the sandbox's logs contain %q", secret)
 		}
 	}
+}
+
+// eventSandbox is a real gateway writing security events to a sink file
+// and a READY sandbox (running sleep) whose policy rule "upstream" lets
+// curl reach allowed.test on a loopback upstream's port.
+type eventSandbox struct {
+	c      openshellv1.OpenShellClient
+	id     string
+	curl   string // the host's curl, the rule's one binary
+	port   string // the upstream's port
+	portN  uint32
+	events string // the sink file
+}
+
+// startEventSandbox starts an eventSandbox named name. The test hosts
+// allowed.test, denied and guarded resolve to 127.0.0.1; the rule allows
+// allowed.test with allowed_ips 127.0.0.1 and guarded without, so the
+// SSRF guard blocks those. The returned context ends after 3 minutes.
+func startEventSandbox(t *testing.T, name string, denied, guarded []string) (context.Context, *eventSandbox) {
+	t.Helper()
+	s := &eventSandbox{events: filepath.Join(TempDir(t), "events.jsonl")}
+	s.curl, s.port, s.portN = egressUpstream(t)
+	hosts := []string{"allowed.test=127.0.0.1"}
+	endpoints := []*sandboxv1.NetworkEndpoint{{Host: "allowed.test", Port: s.portN, AllowedIps: []string{"127.0.0.1"}}}
+	for _, h := range denied {
+		hosts = append(hosts, h+"=127.0.0.1")
+	}
+	for _, h := range guarded {
+		hosts = append(hosts, h+"=127.0.0.1")
+		endpoints = append(endpoints, &sandboxv1.NetworkEndpoint{Host: h, Port: s.portN})
+	}
+	g := Start(t, Options{
+		Env:       []string{"OPENSHELL_EGRESS_TEST_HOSTS=" + strings.Join(hosts, ",")},
+		ExtraArgs: []string{"--security-event-sink", s.events},
+	})
+	s.c = g.Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	t.Cleanup(cancel)
+	pol := egressPolicy(map[string]*sandboxv1.NetworkPolicyRule{
+		"upstream": {Endpoints: endpoints, Binaries: []*sandboxv1.NetworkBinary{{Path: s.curl}}},
+	})
+	s.id = createEgressSandbox(ctx, t, s.c, name, &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}, Policy: pol})
+	waitEgressLoaded(ctx, t, s.c, name, "")
+	return ctx, s
+}
+
+// sh runs script with sh -c in the sandbox and returns its standard
+// output, failing the test when the exec fails.
+func (s *eventSandbox) sh(ctx context.Context, t testing.TB, script string) string {
+	t.Helper()
+	out, errOut, _, err := Exec(ctx, t, s.c, &openshellv1.ExecSandboxRequest{SandboxId: s.id, Command: []string{"sh", "-c", script}})
+	if err != nil {
+		t.Fatalf("exec %q: %v (stderr %q)", script, err, errOut)
+	}
+	return out
+}
+
+// readSink reads the security event sink at path: its complete lines
+// (a line still being written is left for the next read) and their
+// records. A complete line that is not a record fails the test.
+func readSink(t testing.TB, path string) ([]byte, []securityevent.Record) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data = data[:bytes.LastIndexByte(data, '\n')+1]
+	var recs []securityevent.Record
+	for line := range bytes.Lines(data) {
+		var r securityevent.Record
+		if err := json.Unmarshal(line, &r); err != nil {
+			t.Fatalf("event line %q: %v", line, err)
+		}
+		recs = append(recs, r)
+	}
+	return data, recs
 }
 
 // waitSandboxEvent polls the security event sink at path for up to 30 s
@@ -170,13 +216,9 @@ func TestEgressSecurityEvents(t *testing.T) {
 func waitSandboxEvent(t testing.TB, path string, match func(securityevent.Record) bool) securityevent.Record {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
-			var r securityevent.Record
-			if json.Unmarshal(line, &r) == nil && r.Metadata.Product.Name == securityevent.SandboxProduct && match(r) {
+		_, recs := readSink(t, path)
+		for _, r := range recs {
+			if r.Metadata.Product.Name == securityevent.SandboxProduct && match(r) {
 				return r
 			}
 		}

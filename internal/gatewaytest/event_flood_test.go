@@ -1,19 +1,12 @@
 package gatewaytest
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
-	openshellv1 "github.com/openshell-go/openshell/api/openshell/v1"
 	"github.com/openshell-go/openshell/internal/securityevent"
 )
 
@@ -26,45 +19,19 @@ import (
 // (its exec calls) are all there.
 func TestSandboxEventFlood(t *testing.T) {
 	const flood = 1500
-	curl, port, portN := egressUpstream(t)
-	events := filepath.Join(TempDir(t), "events.jsonl")
-	g := Start(t, Options{
-		Env:       []string{"OPENSHELL_EGRESS_TEST_HOSTS=allowed.test=127.0.0.1,denied.flood.test=127.0.0.1"},
-		ExtraArgs: []string{"--security-event-sink", events},
-	})
-	c := g.Client()
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	pol := egressPolicy(map[string]*sandboxv1.NetworkPolicyRule{
-		"upstream": {
-			Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "allowed.test", Port: portN, AllowedIps: []string{"127.0.0.1"}}},
-			Binaries:  []*sandboxv1.NetworkBinary{{Path: curl}},
-		},
-	})
-	id := createEgressSandbox(ctx, t, c, "event-flood", &openshellv1.SandboxSpec{Command: []string{"sleep", "infinity"}, Policy: pol})
-	waitEgressLoaded(ctx, t, c, "event-flood", "")
-	script := fmt.Sprintf("%s -s -o /dev/null -w '%%{http_code}\\n' 'http://denied.flood.test:%s/[1-%d]' | sort | uniq -c", curl, port, flood)
-	out, errOut, _, err := Exec(ctx, t, c, &openshellv1.ExecSandboxRequest{SandboxId: id, Command: []string{"sh", "-c", script}})
-	if err != nil {
-		t.Fatalf("exec: %v (stderr %q)", err, errOut)
-	}
+	ctx, s := startEventSandbox(t, "event-flood", []string{"denied.flood.test"}, nil)
+	script := fmt.Sprintf("%s -s -o /dev/null -w '%%{http_code}\\n' 'http://denied.flood.test:%s/[1-%d]' | sort | uniq -c", s.curl, s.port, flood)
+	out := s.sh(ctx, t, script)
 	if got := strings.Fields(out); len(got) != 2 || got[0] != strconv.Itoa(flood) || got[1] != "403" {
 		t.Fatalf("curl answers = %q, want %d times 403", out, flood)
 	}
 
 	var written, suppressed, summaries, execs int
 	for deadline := time.Now().Add(45 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		data, err := os.ReadFile(events)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, recs := readSink(t, s.events)
 		written, suppressed, summaries, execs = 0, 0, 0, 0
-		for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
-			var r securityevent.Record
-			if err := json.Unmarshal(line, &r); err != nil {
-				t.Fatalf("event line %q: %v", line, err)
-			}
-			if r.Unmapped["sandbox_id"] != id {
+		for _, r := range recs {
+			if r.Unmapped["sandbox_id"] != s.id {
 				continue
 			}
 			switch {
@@ -74,7 +41,7 @@ func TestSandboxEventFlood(t *testing.T) {
 				summaries++
 				n, err := strconv.Atoi(r.Unmapped["suppressed"])
 				if err != nil || r.Metadata.Product.Name != "openshell-gateway" || r.ClassUID != int(securityevent.DetectionFinding) {
-					t.Fatalf("summary event %s: want a gateway Detection Finding with a count", line)
+					t.Fatalf("summary event %+v: want a gateway Detection Finding with a count", r)
 				}
 				suppressed += n
 			case r.ClassUID == int(securityevent.ProcessActivity) && r.Unmapped["process_name"] == "sh":
