@@ -184,21 +184,7 @@ func BenchmarkCreateToReadySteps(b *testing.B) {
 // log line once the gateway has it.
 func startupLine(ctx context.Context, tb testing.TB, c openshellv1.OpenShellClient, id string) map[string]string {
 	tb.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := c.GetSandboxLogs(ctx, &openshellv1.GetSandboxLogsRequest{SandboxId: id, Lines: 1000})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		for _, l := range resp.GetLogs() {
-			if l.GetMessage() == "supervisor startup" {
-				return l.GetFields()
-			}
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	tb.Fatalf("no supervisor startup line for %s", id)
-	return nil
+	return logFields(ctx, tb, c, id, "supervisor startup")
 }
 
 func waitReadyFast(ctx context.Context, tb testing.TB, c openshellv1.OpenShellClient, name string) {

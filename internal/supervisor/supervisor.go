@@ -435,17 +435,6 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	// The connection is made while the sandbox root is assembled (see
 	// beforePivot).
 	conn.Connect()
-	if err := setupNamespaces(&cfg); err != nil {
-		return err
-	}
-	if cfg.WorkspaceDir != "" {
-		if fi, err := os.Stat(cfg.WorkspaceDir); err != nil || !fi.IsDir() {
-			return fmt.Errorf("workspace directory %s is not usable (a private /tmp hides paths under /tmp): %v", cfg.WorkspaceDir, err) //nolint:errorlint // err is nil when the path is not a directory
-		}
-	}
-	startup.mark("namespaces")
-	startup.note("roots_wait", rootsWait)
-	startup.note("connect_wait", connWait)
 	client := openshellv1.NewOpenShellClient(conn)
 
 	var pusher *logPusher
@@ -479,8 +468,23 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	ts.set(tok)
 	wg.Go(func() { refreshLoop(ctx, log.With("component", "token"), ts, client) })
 	wg.Go(func() { pusher.run(ctx) })
-
 	startup.mark("token")
+	// The configuration is fetched (and the default policy seeded) while
+	// the sandbox root is assembled; it is applied once the egress proxy
+	// runs (bootstrapConfig).
+	fetched := startConfigFetch(ctx, log.With("component", "config"), client, cfg, &wg)
+
+	if err := setupNamespaces(&cfg); err != nil {
+		return err
+	}
+	if cfg.WorkspaceDir != "" {
+		if fi, err := os.Stat(cfg.WorkspaceDir); err != nil || !fi.IsDir() {
+			return fmt.Errorf("workspace directory %s is not usable (a private /tmp hides paths under /tmp): %v", cfg.WorkspaceDir, err) //nolint:errorlint // err is nil when the path is not a directory
+		}
+	}
+	startup.mark("namespaces")
+	startup.note("roots_wait", rootsWait)
+	startup.note("connect_wait", connWait)
 	log.Info("openshell-sandbox starting", "version", version.Version, "instance_id", cfg.InstanceID, "endpoint", cfg.Endpoint)
 	workdir := cfg.WorkspaceDir
 	if workdir == "" {
@@ -547,7 +551,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		}
 		return err
 	}
-	loaded, err := bootstrapConfig(ctx, log.With("component", "config"), client, cfg, prepare)
+	loaded, err := bootstrapConfig(ctx, log.With("component", "config"), client, cfg, fetched, prepare)
 	if err != nil {
 		log.Error("giving up on the sandbox configuration", "err", err)
 		return err
