@@ -2,22 +2,24 @@ package cli
 
 import (
 	"encoding/json"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/openshell-go/openshell/internal/auth/oidc/oidctest"
 	"github.com/openshell-go/openshell/internal/gatewaytest"
 )
 
 // oidcTester starts the test issuer and the real gateway configured to
 // accept its tokens, and registers the gateway as "corp" (auth_mode oidc,
 // the gateway's CA, scopes "sandbox:read offline_access").
-func oidcTester(t *testing.T) (*tester, *testIssuer, *[]result) {
+func oidcTester(t *testing.T) (*tester, *oidctest.Issuer, *[]result) {
 	t.Helper()
 	is := newTestIssuer(t, false, true)
-	g := gatewaytest.Start(t, gatewaytest.Options{ExtraArgs: []string{"--oidc-issuer", is.srv.URL, "--oidc-audience", "openshell-cli"}})
+	g := gatewaytest.Start(t, gatewaytest.Options{ExtraArgs: []string{"--oidc-issuer", is.URL, "--oidc-audience", "openshell-cli"}})
 	tt := newTester(t)
 	var outputs []result
 	tt.setup = func(a *app) {
@@ -25,7 +27,7 @@ func oidcTester(t *testing.T) (*tester, *testIssuer, *[]result) {
 		a.openBrowser = headlessBrowser(t)
 	}
 	r := tt.run("gateway", "add", "corp", "--endpoint", "https://localhost:"+strings.TrimPrefix(g.Addr, "127.0.0.1:"),
-		"--ca", filepath.Join(g.TLSDir, "ca.crt"), "--oidc-issuer", is.srv.URL, "--oidc-scopes", "sandbox:read offline_access")
+		"--ca", filepath.Join(g.TLSDir, "ca.crt"), "--oidc-issuer", is.URL, "--oidc-scopes", "sandbox:read offline_access")
 	if r.err != nil {
 		t.Fatalf("gateway add: %v", r.err)
 	}
@@ -35,7 +37,7 @@ func oidcTester(t *testing.T) (*tester, *testIssuer, *[]result) {
 	t.Cleanup(func() {
 		// No token or secret may appear in any output, nor in the
 		// gateway's log.
-		for _, s := range is.secrets() {
+		for _, s := range is.Secrets() {
 			if strings.Contains(g.Logs(), s) {
 				t.Error("a token appeared in the gateway's log")
 			}
@@ -110,17 +112,19 @@ func TestOIDCLoginRealGateway(t *testing.T) {
 	if r.err != nil || r.stdout != "Logged in to gateway \"corp\" as alice\n" {
 		t.Fatalf("gateway login = %q (%v)\nstderr: %s", r.stdout, r.err, r.stderr)
 	}
-	if !strings.Contains(r.stderr, is.srv.URL+"/authorize?") {
+	if !strings.Contains(r.stderr, is.URL+"/authorize?") {
 		t.Errorf("login did not print the authorization URL: %q", r.stderr)
 	}
-	is.mu.Lock()
-	az := is.authorize[0]
-	is.mu.Unlock()
+	az := is.AuthorizeRequests()[0]
 	if az.Get("scope") != "openid sandbox:read offline_access" || az.Get("client_id") != "openshell-cli" || az.Get("prompt") != "" {
 		t.Errorf("authorize request = %v", az)
 	}
+	// The redirect goes to the CLI's loopback listener.
+	if u, err := url.Parse(az.Get("redirect_uri")); err != nil || u.Scheme != "http" || u.Hostname() != "127.0.0.1" || u.Path != "/callback" {
+		t.Errorf("authorize redirect_uri = %q, want http://127.0.0.1:<port>/callback", az.Get("redirect_uri"))
+	}
 	first, mode := readBundle(t, tt, "corp")
-	if mode != 0o600 || first.Issuer != is.srv.URL || first.ClientID != "openshell-cli" || first.RefreshToken == "" || first.ExpiresAt == nil {
+	if mode != 0o600 || first.Issuer != is.URL || first.ClientID != "openshell-cli" || first.RefreshToken == "" || first.ExpiresAt == nil {
 		t.Errorf("stored bundle: mode %v issuer %q client %q refresh set %v expiry set %v", mode, first.Issuer, first.ClientID, first.RefreshToken != "", first.ExpiresAt != nil)
 	}
 	if r := run("whoami"); r.err != nil || !strings.Contains(r.stdout, "alice") {
@@ -135,7 +139,7 @@ func TestOIDCLoginRealGateway(t *testing.T) {
 	if r := run("--debug", "whoami"); r.err != nil || !strings.Contains(r.stdout, "alice") {
 		t.Fatalf("whoami with an expired token = %q (%v)\nstderr: %s", r.stdout, r.err, r.stderr)
 	}
-	req := is.lastTokenRequest(t)
+	req := lastTokenRequest(t, is)
 	if req.Get("grant_type") != "refresh_token" || req.Get("scope") != "sandbox:read offline_access" ||
 		req.Get("refresh_token") != first.RefreshToken || req.Get("client_id") != "openshell-cli" {
 		t.Errorf("refresh request: grant %q scope %q client %q, same refresh token %v", req.Get("grant_type"), req.Get("scope"), req.Get("client_id"), req.Get("refresh_token") == first.RefreshToken)
@@ -150,16 +154,14 @@ func TestOIDCLoginRealGateway(t *testing.T) {
 	if r.err != nil || r.stdout != "Logged out of gateway \"corp\" (tokens revoked at the issuer and deleted)\n" {
 		t.Fatalf("gateway logout = %q (%v)", r.stdout, r.err)
 	}
-	is.mu.Lock()
 	var revoked []string
-	for _, f := range is.revoked {
+	for _, f := range is.RevokeRequests() {
 		revoked = append(revoked, f.Get("token_type_hint"))
 		if (f.Get("token_type_hint") == "refresh_token" && f.Get("token") != second.RefreshToken) ||
 			(f.Get("token_type_hint") == "access_token" && f.Get("token") != second.AccessToken) {
 			t.Errorf("revoked a token other than the stored %s", f.Get("token_type_hint"))
 		}
 	}
-	is.mu.Unlock()
 	if strings.Join(revoked, ",") != "refresh_token,access_token" {
 		t.Errorf("revocations = %v, want refresh_token,access_token", revoked)
 	}
@@ -174,11 +176,9 @@ func TestOIDCLoginRealGateway(t *testing.T) {
 	if r := run("gateway", "login", "corp"); r.err != nil {
 		t.Fatalf("login after logout: %v", r.err)
 	}
-	is.mu.Lock()
-	if p := is.authorize[len(is.authorize)-1].Get("prompt"); p != "login" {
-		t.Errorf("authorize after logout: prompt = %q, want login", p)
+	if az := is.AuthorizeRequests(); az[len(az)-1].Get("prompt") != "login" {
+		t.Errorf("authorize after logout: prompt = %q, want login", az[len(az)-1].Get("prompt"))
 	}
-	is.mu.Unlock()
 	if _, err := os.Stat(filepath.Join(dir, "oidc_login_prompt_required")); !os.IsNotExist(err) {
 		t.Errorf("the fresh-login marker survived a login: %v", err)
 	}
@@ -198,12 +198,12 @@ func TestOIDCClientCredentialsRealGateway(t *testing.T) {
 	if r := run("gateway", "login", "corp", "--client-id", "ci-bot"); r.err == nil || !strings.Contains(r.err.Error(), "invalid_client") {
 		t.Errorf("login with a wrong secret = %v", r.err)
 	}
-	tt.env[envOIDCClientSecret] = is.clientSecret
+	tt.env[envOIDCClientSecret] = ciBotSecret
 	r := run("gateway", "login", "corp", "--client-id", "ci-bot")
 	if r.err != nil || r.stdout != "Logged in to gateway \"corp\" as service-account-ci-bot\n" {
 		t.Fatalf("gateway login = %q (%v)\nstderr: %s", r.stdout, r.err, r.stderr)
 	}
-	req := is.lastTokenRequest(t)
+	req := lastTokenRequest(t, is)
 	if req.Get("grant_type") != "client_credentials" || req.Get("scope") != "sandbox:read offline_access" || req.Get("client_id") != "ci-bot" {
 		t.Errorf("token request: grant %q scope %q client %q", req.Get("grant_type"), req.Get("scope"), req.Get("client_id"))
 	}
@@ -218,7 +218,7 @@ func TestOIDCClientCredentialsRealGateway(t *testing.T) {
 	if r := run("whoami"); r.err != nil || !strings.Contains(r.stdout, "service-account-ci-bot") {
 		t.Fatalf("whoami with an expired token = %q (%v)", r.stdout, r.err)
 	}
-	if req := is.lastTokenRequest(t); req.Get("grant_type") != "client_credentials" || req.Get("scope") != "sandbox:read offline_access" {
+	if req := lastTokenRequest(t, is); req.Get("grant_type") != "client_credentials" || req.Get("scope") != "sandbox:read offline_access" {
 		t.Errorf("renewal request: grant %q scope %q", req.Get("grant_type"), req.Get("scope"))
 	}
 	// Without the secret, an expired token without refresh token is an

@@ -74,20 +74,18 @@ func TestOIDCDeviceLogin(t *testing.T) {
 		a.now = time.Now
 		a.openBrowser = func(string) error { t.Error("a browser was opened despite --no-browser"); return nil }
 	}
-	addOIDCGateway(t, tt, is.srv.URL, "--oidc-scopes", "sandbox:read")
+	addOIDCGateway(t, tt, is.URL, "--oidc-scopes", "sandbox:read")
 	r := tt.run("gateway", "login", "--no-browser")
 	if r.err != nil || r.stdout != "Logged in to gateway \"corp\" as dave\n" {
 		t.Fatalf("login = %q (%v)\nstderr: %s", r.stdout, r.err, r.stderr)
 	}
-	if !strings.Contains(r.stderr, is.srv.URL+"/activate?user_code=WDJB-MJHT") {
+	if !strings.Contains(r.stderr, is.URL+"/activate?user_code=WDJB-MJHT") {
 		t.Errorf("login did not print the verification URL: %q", r.stderr)
 	}
-	is.mu.Lock()
 	var grants []string
-	for _, f := range is.tokenReqs {
+	for _, f := range is.TokenRequests() {
 		grants = append(grants, f.Get("grant_type"))
 	}
-	is.mu.Unlock()
 	if len(grants) != 2 || grants[1] != "urn:ietf:params:oauth:grant-type:device_code" {
 		t.Errorf("token requests = %v, want a pending poll and a successful one", grants)
 	}
@@ -95,7 +93,7 @@ func TestOIDCDeviceLogin(t *testing.T) {
 	if mode != 0o600 || tb.RefreshToken == "" {
 		t.Errorf("bundle: mode %v, refresh set %v", mode, tb.RefreshToken != "")
 	}
-	for _, s := range is.secrets() {
+	for _, s := range is.Secrets() {
 		if strings.Contains(r.stdout+r.stderr, s) {
 			t.Error("a token appeared in the output")
 		}
@@ -115,11 +113,11 @@ func TestOIDCLogoutIssuerDown(t *testing.T) {
 	is := newTestIssuer(t, false, true)
 	tt := newTester(t)
 	tt.setup = func(a *app) { a.now = time.Now; a.openBrowser = headlessBrowser(t) }
-	addOIDCGateway(t, tt, is.srv.URL+"/")
+	addOIDCGateway(t, tt, is.URL+"/")
 	if r := tt.run("gateway", "login"); r.err != nil {
 		t.Fatalf("login: %v\n%s", r.err, r.stderr)
 	}
-	is.srv.Close()
+	is.Close()
 	r := tt.run("gateway", "logout")
 	if r.err != nil || r.stdout != "Logged out of gateway \"corp\" (tokens deleted locally; revocation failed)\n" ||
 		!strings.Contains(r.stderr, "warning: could not revoke the tokens at the issuer") {
@@ -136,13 +134,11 @@ func TestOIDCRefreshRefused(t *testing.T) {
 	is := newTestIssuer(t, false, true)
 	tt := newTester(t)
 	tt.setup = func(a *app) { a.now = time.Now; a.openBrowser = headlessBrowser(t) }
-	addOIDCGateway(t, tt, is.srv.URL)
+	addOIDCGateway(t, tt, is.URL)
 	if r := tt.run("gateway", "login"); r.err != nil {
 		t.Fatalf("login: %v\n%s", r.err, r.stderr)
 	}
-	is.mu.Lock()
-	clear(is.refresh) // the issuer forgets every refresh token
-	is.mu.Unlock()
+	is.ForgetRefreshTokens()
 	expireBundle(t, tt, "corp")
 	r := tt.run("sandbox", "list")
 	if r.err == nil || !strings.Contains(r.err.Error(), "could not be refreshed: the token endpoint refused the request: invalid_grant; log in again with 'openshell gateway login corp'") {
@@ -206,15 +202,14 @@ func TestOIDCConcurrentRefresh(t *testing.T) {
 	is := newTestIssuer(t, false, true)
 	tt := newTester(t)
 	tt.setup = func(a *app) { a.now = time.Now; a.openBrowser = headlessBrowser(t) }
-	addOIDCGateway(t, tt, is.srv.URL)
+	addOIDCGateway(t, tt, is.URL)
 	if r := tt.run("gateway", "login"); r.err != nil {
 		t.Fatalf("login: %v\n%s", r.err, r.stderr)
 	}
 	expireBundle(t, tt, "corp")
 	var refreshes atomic.Int32
 	second := make(chan struct{})
-	is.mu.Lock()
-	is.beforeRefresh = func() {
+	is.BeforeRefresh(func() {
 		if refreshes.Add(1) == 1 {
 			// Hold the first refresh until a second one arrives; with the
 			// lock none does, and the first goes on after 2 s.
@@ -225,8 +220,7 @@ func TestOIDCConcurrentRefresh(t *testing.T) {
 			return
 		}
 		close(second)
-	}
-	is.mu.Unlock()
+	})
 	var wg sync.WaitGroup
 	results := make([]result, 2)
 	for i := range results {
@@ -276,8 +270,8 @@ func (u *urlOpener) Write(p []byte) (int, error) {
 func TestOIDCLoginNoBrowserPrintsURL(t *testing.T) {
 	is := newTestIssuer(t, false, false)
 	tt := newTester(t)
-	watcher := &urlOpener{t: t, prefix: is.srv.URL + "/authorize?"}
-	addOIDCGateway(t, tt, is.srv.URL)
+	watcher := &urlOpener{t: t, prefix: is.URL + "/authorize?"}
+	addOIDCGateway(t, tt, is.URL)
 	tt.setup = func(a *app) {
 		a.now = time.Now
 		a.openBrowser = func(string) error { t.Error("a browser was opened despite --no-browser"); return nil }
