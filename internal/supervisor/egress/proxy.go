@@ -317,7 +317,7 @@ func (p *Proxy) handle(c net.Conn) {
 	if p.onTunnel != nil {
 		p.onTunnel(c, upstream)
 	}
-	splice(c, br, upstream)
+	relay(c, br, upstream)
 }
 
 const connectOK = "HTTP/1.1 200 Connection Established\r\n\r\n"
@@ -768,15 +768,14 @@ func writeStatus(c net.Conn, code int, msg string) {
 		code, http.StatusText(code), len(body), body)
 }
 
-// splice pumps bytes both ways until both directions end; br holds what
+// relay pumps bytes both ways until both directions end; br holds what
 // the client sent after the CONNECT header.
-func splice(c net.Conn, br *bufio.Reader, up net.Conn) {
+func relay(c net.Conn, br *bufio.Reader, up net.Conn) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		// Flush what bufio already read, then copy from the connection
-		// itself: TCP to TCP is spliced in the kernel (bufio's WriteTo
-		// would hide the *net.TCPConn and copy through user space).
+		// itself (bufio's WriteTo would hide the *net.TCPConn pump needs).
 		if n := br.Buffered(); n > 0 {
 			b, _ := br.Peek(n)
 			if _, err := up.Write(b); err != nil {
@@ -784,10 +783,10 @@ func splice(c net.Conn, br *bufio.Reader, up net.Conn) {
 				return
 			}
 		}
-		_, _ = io.Copy(up, c)
+		pump(up, c)
 		closeWrite(up)
 	}()
-	_, _ = io.Copy(c, up)
+	pump(c, up)
 	closeWrite(c)
 	<-done
 }
