@@ -3,8 +3,8 @@
 // by spaces, and a space, tab, newline or backslash in a path written as
 // an octal escape (\040, \011, \012, \134).
 //
-// It reads only what this module needs (mount point and per-mount
-// options) and nothing else, so it stays cheap on the supervisor's start
+// It reads only what this module needs (mount point, per-mount options
+// and file system type) and nothing else, so it stays cheap on the supervisor's start
 // path. The functions keep no state and are safe for concurrent use.
 package mountinfo
 
@@ -21,20 +21,26 @@ import (
 type Mount struct {
 	MountPoint string // field 5, unescaped
 	Options    string // field 6, per-mount options, e.g. "rw,nosuid,relatime"
+	FSType     string // the field after the "-" separator, e.g. "ext4", "cgroup2"
 }
 
-// Parse reads mountinfo lines from r. A line with fewer than six fields
-// is an error naming the line.
+// Parse reads mountinfo lines from r. A line with fewer than six fields,
+// or without the "-" separator followed by the file system type, is an
+// error naming the line.
 func Parse(r io.Reader) ([]Mount, error) {
 	var out []Mount
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
-		if len(f) < 6 {
+		sep := 6 // the optional fields end at "-"
+		for sep < len(f) && f[sep] != "-" {
+			sep++
+		}
+		if len(f) < 6 || sep+1 >= len(f) {
 			return nil, fmt.Errorf("malformed mountinfo line %q", sc.Text())
 		}
-		out = append(out, Mount{MountPoint: Unescape(f[4]), Options: f[5]})
+		out = append(out, Mount{MountPoint: Unescape(f[4]), Options: f[5], FSType: f[sep+1]})
 	}
 	return out, sc.Err()
 }

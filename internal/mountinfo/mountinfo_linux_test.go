@@ -36,8 +36,8 @@ func TestReadKernel(t *testing.T) {
 		for _, m := range mounts {
 			if want[m.MountPoint] {
 				delete(want, m.MountPoint)
-				if !strings.Contains(","+m.Options+",", ",noexec,") {
-					t.Errorf("mount %q options = %q, want noexec among them", m.MountPoint, m.Options)
+				if !strings.Contains(","+m.Options+",", ",noexec,") || m.FSType != "tmpfs" {
+					t.Errorf("mount %q: options %q, type %q; want noexec among the options, tmpfs", m.MountPoint, m.Options, m.FSType)
 				}
 			}
 		}

@@ -40,16 +40,18 @@ func TestParse(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Mount{
-		{MountPoint: "/proc", Options: "rw,relatime"},
-		{MountPoint: "/", Options: "rw,relatime"},
-		{MountPoint: "/mnt/with space", Options: "ro,nosuid,nodev,relatime"},
-		{MountPoint: "/mnt/tab\tnl\nback\\", Options: "rw,noexec"},
+		{MountPoint: "/proc", Options: "rw,relatime", FSType: "proc"},
+		{MountPoint: "/", Options: "rw,relatime", FSType: "ext4"},
+		{MountPoint: "/mnt/with space", Options: "ro,nosuid,nodev,relatime", FSType: "tmpfs"},
+		{MountPoint: "/mnt/tab\tnl\nback\\", Options: "rw,noexec", FSType: "tmpfs"},
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("Parse (-want +got):\n%s", d)
 	}
-	if _, err := Parse(strings.NewReader("1 2 3\n")); err == nil || !strings.Contains(err.Error(), `"1 2 3"`) {
-		t.Errorf("Parse(malformed line) error = %v, want one naming the line", err)
+	for _, bad := range []string{"1 2 3", "22 27 0:21 / /proc rw,relatime", "22 27 0:21 / /proc rw,relatime shared:1 -"} {
+		if _, err := Parse(strings.NewReader(bad + "\n")); err == nil || !strings.Contains(err.Error(), bad) {
+			t.Errorf("Parse(%q) error = %v, want one naming the line", bad, err)
+		}
 	}
 	if got, err := Parse(strings.NewReader("")); err != nil || len(got) != 0 {
 		t.Errorf("Parse(empty) = %v, %v; want no mounts, no error", got, err)

@@ -3,7 +3,6 @@
 package process
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"math"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/openshell-go/openshell/internal/compute"
 	"github.com/openshell-go/openshell/internal/errdefs"
+	"github.com/openshell-go/openshell/internal/mountinfo"
 )
 
 // limits are parsed resources; zero means unset.
@@ -107,21 +107,13 @@ func (c config) findCgroupRoot() (string, error) {
 	if c.cgroupRoot != "" {
 		return c.cgroupRoot, nil
 	}
-	f, err := os.Open("/proc/self/mountinfo")
+	mounts, err := mountinfo.Read("/proc/self/mountinfo")
 	if err != nil {
 		return "", err
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// ... mountpoint(5) ... - fstype source options
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
-			continue
-		}
-		fields, pfields := strings.Fields(pre), strings.Fields(post)
-		if len(fields) >= 5 && len(pfields) >= 1 && pfields[0] == "cgroup2" {
-			return fields[4], nil
+	for _, m := range mounts {
+		if m.FSType == "cgroup2" {
+			return m.MountPoint, nil
 		}
 	}
 	return "", errors.New("no cgroup2 filesystem is mounted")
