@@ -190,18 +190,18 @@ func (s *eventSandbox) sh(ctx context.Context, t testing.TB, script string) stri
 	return out
 }
 
-// readSink reads the security event sink at path: its complete lines
-// (a line still being written is left for the next read) and their
-// records. A complete line that is not a record fails the test.
+// readSink reads the security event sink at path and returns all of it
+// and the records of its complete lines (a line still being written is
+// left for the next read). A complete line that is not a record fails
+// the test.
 func readSink(t testing.TB, path string) ([]byte, []securityevent.Record) {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	data = data[:bytes.LastIndexByte(data, '\n')+1]
 	var recs []securityevent.Record
-	for line := range bytes.Lines(data) {
+	for line := range bytes.Lines(data[:bytes.LastIndexByte(data, '\n')+1]) {
 		var r securityevent.Record
 		if err := json.Unmarshal(line, &r); err != nil {
 			t.Fatalf("event line %q: %v", line, err)

@@ -3,7 +3,6 @@ package gatewaytest
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"net"
 	"os"
 	"path/filepath"
@@ -72,16 +71,9 @@ func TestTracingFlushedOnSIGTERM(t *testing.T) {
 		return s.Name == "compute.List" && s.ParentSpanID == recov.SpanID && s.Attrs["openshell.compute.driver"] == "process"
 	})
 
-	data, err := os.ReadFile(events)
-	if err != nil {
-		t.Fatal(err)
-	}
+	data, recs := readSink(t, events)
 	var found bool
-	for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
-		var r securityevent.Record
-		if err := json.Unmarshal(line, &r); err != nil {
-			t.Fatalf("event line %q: %v", line, err)
-		}
+	for _, r := range recs {
 		if r.ClassUID == int(securityevent.HTTPActivity) && r.Action == "Denied" && r.API != nil && strings.HasSuffix(r.API.Operation, "/RefreshSandboxToken") && r.Actor != nil {
 			found = true
 		}
@@ -148,19 +140,12 @@ func TestSecurityEventsEndToEnd(t *testing.T) {
 		t.Fatalf("Exec = exit %d, %v", code, err)
 	}
 
-	data, err := os.ReadFile(events)
-	if err != nil {
-		t.Fatal(err)
-	}
+	data, recs := readSink(t, events)
 	if bytes.Contains(data, []byte(secret)) {
 		t.Errorf("event sink contains the secret:\n%s", data)
 	}
 	count := map[string]int{}
-	for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
-		var r securityevent.Record
-		if err := json.Unmarshal(line, &r); err != nil {
-			t.Fatalf("event line %q: %v", line, err)
-		}
+	for _, r := range recs {
 		if r.Unmapped["sandbox_id"] == id && r.API != nil {
 			count[r.API.Operation+" "+r.Status]++
 		}
