@@ -318,6 +318,14 @@ var errEncodedSlash = errors.New("request-target contains an encoded '/' (%2F) w
 // The result is re-encoded (unreserved and sub-delims kept) and is what is
 // matched and what is sent upstream.
 func canonicalPath(raw string, allowEncodedSlash bool) (string, error) {
+	if isCanonicalPath(raw) {
+		return raw, nil
+	}
+	return rebuildPath(raw, allowEncodedSlash)
+}
+
+// rebuildPath is canonicalPath the long way, for any raw.
+func rebuildPath(raw string, allowEncodedSlash bool) (string, error) {
 	if raw == "" {
 		raw = "/"
 	}
@@ -410,6 +418,30 @@ func canonicalPath(raw string, allowEncodedSlash bool) (string, error) {
 		return "/", nil
 	}
 	return out.String(), nil
+}
+
+// isCanonicalPath reports whether raw is its own canonical form: '/' and
+// pchars only (no '%', ';' or control byte), no empty segment but the
+// last, no "." or ".." segment, within the length limit. Most request
+// targets are; canonicalPath returns them without rebuilding them.
+func isCanonicalPath(raw string) bool {
+	if raw == "" || raw[0] != '/' || len(raw) > 4096 {
+		return false
+	}
+	start := 1 // of the current segment
+	for i := 1; i <= len(raw); i++ {
+		if i < len(raw) && raw[i] != '/' {
+			if !isPchar(raw[i]) {
+				return false
+			}
+			continue
+		}
+		if seg := raw[start:i]; seg == "." || seg == ".." || seg == "" && i < len(raw) {
+			return false
+		}
+		start = i + 1
+	}
+	return true
 }
 
 func unhex(c byte) int {

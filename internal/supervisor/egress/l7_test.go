@@ -198,3 +198,30 @@ func TestCanonicalPath(t *testing.T) {
 		}
 	}
 }
+
+// TestCanonicalPathFastPath: every path up to 7 bytes over an alphabet of
+// the characters canonicalization treats specially is decided alike with
+// and without the shortcut for paths already canonical.
+func TestCanonicalPathFastPath(t *testing.T) {
+	const alphabet = "/a.;%2F~ \x7f"
+	var walk func(p string)
+	n := 0
+	walk = func(p string) {
+		if isCanonicalPath(p) {
+			n++
+			if got, err := rebuildPath(p, false); err != nil || got != p {
+				t.Errorf("isCanonicalPath(%q) but rebuildPath gives %q, %v", p, got, err)
+			}
+		}
+		if len(p) == 7 {
+			return
+		}
+		for i := 0; i < len(alphabet); i++ {
+			walk(p + alphabet[i:i+1])
+		}
+	}
+	walk("/")
+	if n < 100 {
+		t.Errorf("%d canonical paths seen, want the alphabet to give many", n)
+	}
+}

@@ -288,7 +288,7 @@ func (p *Proxy) handle(c net.Conn) {
 	}
 	switch {
 	case pooled != nil:
-		ev.IP = pooled.ip.String()
+		ev.IP = pooled.ipText
 		if ev.Decision == "" {
 			ev.Decision = "allow"
 		}
@@ -397,6 +397,7 @@ func readRequest(c net.Conn, cr *capReader, br *bufio.Reader, limit int64) (*htt
 func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http.Request, callers []Caller, idErr error) {
 	var up *upConn
 	clean := false // up is at a message boundary, reusable
+	var last connDecision
 	cw := bufio.NewWriterSize(c, bufSize)
 	defer func() {
 		if up != nil {
@@ -431,7 +432,7 @@ func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http
 			continue
 		}
 		ev := Event{Kind: "http", Host: host, Port: port, Method: req.Method}
-		decisions, status := p.decide(callers, idErr, host, port, &ev)
+		decisions, status := p.decideConn(&last, callers, idErr, host, port, &ev)
 		if decisions == nil {
 			p.emit(&ev)
 			writeStatus(c, status, ev.Reason)
@@ -463,7 +464,7 @@ func (p *Proxy) serveHTTP(c net.Conn, cr *capReader, br *bufio.Reader, req *http
 				return
 			}
 		} else {
-			ev.IP = up.ip.String()
+			ev.IP = up.ipText
 			if ev.Decision == "" {
 				ev.Decision = "allow"
 			}
@@ -541,6 +542,8 @@ type upConn struct {
 	host string
 	port uint32
 	ip   netip.Addr // the checked address dialed
+	// ipText is ip as events name it (formatted once, not per request).
+	ipText string
 	// tracked is the connection Proxy.track knows (the TCP connection
 	// under a TLS one).
 	tracked net.Conn
@@ -551,7 +554,7 @@ type upConn struct {
 }
 
 func newUpstream(c net.Conn, host string, port uint32, ip netip.Addr) *upConn {
-	return &upConn{Conn: c, tracked: c, br: bufio.NewReaderSize(c, bufSize), bw: bufio.NewWriterSize(c, bufSize), host: host, port: port, ip: ip}
+	return &upConn{Conn: c, tracked: c, br: bufio.NewReaderSize(c, bufSize), bw: bufio.NewWriterSize(c, bufSize), host: host, port: port, ip: ip, ipText: ip.String()}
 }
 
 // recheck applies the SSRF guard of decisions to ip, an address already
@@ -670,6 +673,39 @@ func (p *Proxy) identify(c net.Conn) ([]Caller, error) {
 // On denial it returns nil and the status to answer; ev carries the
 // decision's binary, pid, policy and (on denial) reason either way.
 func (p *Proxy) decide(callers []Caller, idErr error, host string, port uint32, ev *Event) ([]Decision, int) {
+	return p.decideWith(p.snap.Load(), callers, idErr, host, port, ev)
+}
+
+// connDecision is a client connection's last allowing decision: a next
+// request of the connection (same callers) to the same host and port
+// under the same snapshot is allowed by the same decisions, as each
+// snapshot decides a request always alike, without deciding again.
+type connDecision struct {
+	snap      *Snapshot
+	host      string
+	port      uint32
+	decisions []Decision
+	binary    string
+	pid       int
+	policy    string
+}
+
+// decideConn is decide for a request of the connection whose last
+// allowing decision is last, which it updates.
+func (p *Proxy) decideConn(last *connDecision, callers []Caller, idErr error, host string, port uint32, ev *Event) ([]Decision, int) {
+	snap := p.snap.Load()
+	if last.decisions != nil && last.snap == snap && last.host == host && last.port == port {
+		ev.Binary, ev.PID, ev.Policy = last.binary, last.pid, last.policy
+		return last.decisions, 0
+	}
+	decisions, status := p.decideWith(snap, callers, idErr, host, port, ev)
+	if decisions != nil {
+		*last = connDecision{snap: snap, host: host, port: port, decisions: decisions, binary: ev.Binary, pid: ev.PID, policy: ev.Policy}
+	}
+	return decisions, status
+}
+
+func (p *Proxy) decideWith(snap *Snapshot, callers []Caller, idErr error, host string, port uint32, ev *Event) ([]Decision, int) {
 	deny := func(format string, args ...any) ([]Decision, int) {
 		ev.Decision, ev.Reason = "deny", fmt.Sprintf(format, args...)
 		return nil, http.StatusForbidden
@@ -678,7 +714,6 @@ func (p *Proxy) decide(callers []Caller, idErr error, host string, port uint32, 
 		return deny("cannot identify the calling process: %v", idErr)
 	}
 	ev.Binary, ev.PID = callers[0].Exe, callers[0].PID
-	snap := p.snap.Load()
 	if snap == nil {
 		return deny("no network policy loaded")
 	}
@@ -867,9 +902,9 @@ func forward(c net.Conn, cw *bufio.Writer, req *http.Request, up *upConn, canRet
 	bw := cw
 	bw.Reset(c)
 	resp.Body = flushBeforeRead{resp.Body, bw, upBR}
-	// (Write only: bufio's ReadFrom would read into its own buffer while
+	// (Without ReadFrom: bufio's would read into its own buffer while
 	// the body's Read flushes it.)
-	if err := resp.Write(struct{ io.Writer }{bw}); err != nil || bw.Flush() != nil {
+	if err := resp.Write(noReadFrom{bw}); err != nil || bw.Flush() != nil {
 		writeDone()
 		return false, false, false
 	}
@@ -913,6 +948,13 @@ func writeRequest(c net.Conn, req *http.Request, up *upConn) (done func() bool) 
 		}
 	}
 }
+
+// noReadFrom is a bufio.Writer without its ReadFrom; WriteString stays,
+// so headers are written without converting each string.
+type noReadFrom struct{ w *bufio.Writer }
+
+func (n noReadFrom) Write(p []byte) (int, error)       { return n.w.Write(p) }
+func (n noReadFrom) WriteString(s string) (int, error) { return n.w.WriteString(s) }
 
 // flushBeforeRead is a response body that flushes the client writer
 // before a read that may wait for upstream (nothing buffered from it).

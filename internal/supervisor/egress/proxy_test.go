@@ -507,6 +507,31 @@ func TestProxyReusedUpstreamFollowsReload(t *testing.T) {
 	}
 }
 
+// Each request of a kept-alive client connection is decided against the
+// current policy: the connection keeps its last decision only for the
+// snapshot that made it. After a reload that removes the rule, the next
+// request to the same host and port is denied.
+func TestProxyRequestsFollowReload(t *testing.T) {
+	port := upstream(t)
+	tp := startProxy(t, Config{Resolver: loopbackResolver("allowed.test"), Identify: fixedCaller("/usr/bin/curl")}, curlRules(port, "127.0.0.1"))
+	rc := dialProxy(t, tp)
+	target := fmt.Sprintf("http://allowed.test:%d/x", port)
+	for i := range 2 {
+		if r, body := rc.do(t, "GET", target, ""); r.StatusCode != 200 {
+			t.Fatalf("request %d = %d %q, want 200", i, r.StatusCode, body)
+		}
+	}
+	tp.proxy.SetSnapshot(mustCompile(t, map[string]*sandboxv1.NetworkPolicyRule{"other": {Name: "other",
+		Endpoints: []*sandboxv1.NetworkEndpoint{{Host: "other.test", Port: port}}, Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/curl"}}}}))
+	if r, body := rc.do(t, "GET", target, ""); r.StatusCode != http.StatusForbidden {
+		t.Errorf("request after the reload = %d %q, want 403", r.StatusCode, body)
+	}
+	want := fmt.Sprintf("endpoint allowed.test:%d is not allowed by any policy", port)
+	if ev := tp.events.last(t); ev.Decision != "deny" || ev.Reason != want {
+		t.Errorf("event = %+v, want a denial: %s", ev, want)
+	}
+}
+
 // TestTunnelCopiesBetweenTCPConns: a relayed tunnel hands pump the
 // accepted and dialed *net.TCPConn themselves (read into a buffer only
 // while bytes are ready; a wrapper would fall back to io.Copy and its

@@ -260,7 +260,7 @@ func (p *Proxy) serveInspected(c net.Conn, br *bufio.Reader, raw net.Conn, poole
 			writeStatus(client, http.StatusBadGateway, ev.Reason)
 			return
 		}
-		ev := Event{Kind: "http", Host: host, Port: port, Method: req.Method, Binary: connEv.Binary, PID: connEv.PID, Policy: connEv.Policy, IP: upc.ip.String()}
+		ev := Event{Kind: "http", Host: host, Port: port, Method: req.Method, Binary: connEv.Binary, PID: connEv.PID, Policy: connEv.Policy, IP: upc.ipText}
 		if req.URL.IsAbs() || req.URL.Host != "" {
 			writeStatus(client, http.StatusBadRequest, "requests inside a terminated tunnel take origin-form targets")
 			return
