@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	sqlite "modernc.org/sqlite"
@@ -209,13 +210,102 @@ func (Dialect) Unavailable(err error) bool {
 	return false
 }
 
-// sqlDB adapts *sql.DB to sqlstore.DB.
-type sqlDB struct{ db *sql.DB }
+// sqlDB adapts *sql.DB to sqlstore.DB. Its statements are prepared
+// once (stmts) and reused on every connection and in transactions.
+type sqlDB struct {
+	db    *sql.DB
+	stmts stmtCache
+}
+
+// stmtCache holds a prepared statement per query text: SQLite compiles
+// a statement in about as long as it takes to run one of the store's
+// point queries, and the store runs a small fixed set of them (the
+// PostgreSQL backend gets the same from pgx's statement cache). Past
+// maxCachedStmts texts (queries built with a variable number of
+// arguments) statements are prepared per call, as database/sql does.
+type stmtCache struct {
+	mu sync.RWMutex
+	m  map[string]*sql.Stmt
+}
+
+// maxCachedStmts bounds stmtCache.
+const maxCachedStmts = 256
+
+// lookup returns the statement of q, or nil when it is not prepared.
+func (c *stmtCache) lookup(q string) *sql.Stmt {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.m[q]
+}
+
+// get returns the statement of q, preparing it on first use; nil when
+// it cannot be kept (the cache is full or preparing failed: the caller
+// runs q unprepared, and so gets its error as before). Preparing takes a
+// connection of db's pool: never call it while holding one.
+func (c *stmtCache) get(ctx context.Context, db *sql.DB, q string) *sql.Stmt {
+	c.mu.RLock()
+	st, ok := c.m[q]
+	n := len(c.m)
+	c.mu.RUnlock()
+	if ok || n >= maxCachedStmts {
+		return st
+	}
+	st, err := db.PrepareContext(ctx, q)
+	if err != nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cur, ok := c.m[q]; ok {
+		_ = st.Close() // prepared twice concurrently: keep the first
+		return cur
+	}
+	if len(c.m) >= maxCachedStmts {
+		_ = st.Close()
+		return nil
+	}
+	if c.m == nil {
+		c.m = map[string]*sql.Stmt{}
+	}
+	c.m[q] = st
+	return st
+}
+
+// close closes every statement.
+func (c *stmtCache) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, st := range c.m {
+		_ = st.Close()
+	}
+	c.m = nil
+}
 
 type execer interface {
 	ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error)
 	QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row
 	QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error)
+}
+
+// stmtExecer is a prepared statement as an execer of its own query.
+type stmtExecer struct{ st *sql.Stmt }
+
+func (s stmtExecer) ExecContext(ctx context.Context, _ string, args ...any) (sql.Result, error) {
+	return s.st.ExecContext(ctx, args...)
+}
+func (s stmtExecer) QueryRowContext(ctx context.Context, _ string, args ...any) *sql.Row {
+	return s.st.QueryRowContext(ctx, args...)
+}
+func (s stmtExecer) QueryContext(ctx context.Context, _ string, args ...any) (*sql.Rows, error) {
+	return s.st.QueryContext(ctx, args...)
+}
+
+// on returns what runs q: its prepared statement, or db itself.
+func (d *sqlDB) on(ctx context.Context, q string) execer {
+	if st := d.stmts.get(ctx, d.db, q); st != nil {
+		return stmtExecer{st}
+	}
+	return d.db
 }
 
 func exec(ctx context.Context, e execer, q string, args ...any) (int64, error) {
@@ -249,40 +339,73 @@ func query(ctx context.Context, e execer, q string, args ...any) (sqlstore.Rows,
 }
 
 func (d *sqlDB) Exec(ctx context.Context, q string, args ...any) (int64, error) {
-	return exec(ctx, d.db, q, args...)
+	return exec(ctx, d.on(ctx, q), q, args...)
 }
 func (d *sqlDB) QueryRow(ctx context.Context, q string, args ...any) sqlstore.Row {
-	return row{d.db.QueryRowContext(ctx, q, args...)}
+	return row{d.on(ctx, q).QueryRowContext(ctx, q, args...)}
 }
 func (d *sqlDB) Query(ctx context.Context, q string, args ...any) (sqlstore.Rows, error) {
-	return query(ctx, d.db, q, args...)
+	return query(ctx, d.on(ctx, q), q, args...)
 }
 func (d *sqlDB) Begin(ctx context.Context) (sqlstore.Tx, error) {
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
-	return &sqlTx{tx: tx}, nil
+	return &sqlTx{tx: tx, d: d}, nil
 }
-func (d *sqlDB) Close() error { return d.db.Close() }
+func (d *sqlDB) Close() error {
+	d.stmts.close()
+	return d.db.Close()
+}
 
 // SQL returns the *sql.DB (benchmarks run raw statements on it).
 func (s *Store) SQL() *sql.DB { return s.DB().(*sqlDB).db }
 
-type sqlTx struct{ tx *sql.Tx }
+type sqlTx struct {
+	tx     *sql.Tx
+	d      *sqlDB
+	missed []string // queries run unprepared, prepared once the transaction ends
+}
+
+// on returns what runs q in the transaction: its prepared statement
+// (prepared on the transaction's connection when it is not yet), or the
+// transaction itself for a query not prepared yet: preparing it would
+// take a second connection while this one is held (the pool may have no
+// other), so it is prepared after the transaction ends.
+func (t *sqlTx) on(ctx context.Context, q string) execer {
+	if st := t.d.stmts.lookup(q); st != nil {
+		return stmtExecer{t.tx.StmtContext(ctx, st)}
+	}
+	t.missed = append(t.missed, q)
+	return t.tx
+}
+
+// prepareMissed prepares the queries the transaction ran unprepared.
+func (t *sqlTx) prepareMissed(ctx context.Context) {
+	for _, q := range t.missed {
+		t.d.stmts.get(ctx, t.d.db, q)
+	}
+	t.missed = nil
+}
 
 func (t *sqlTx) Exec(ctx context.Context, q string, args ...any) (int64, error) {
-	return exec(ctx, t.tx, q, args...)
+	return exec(ctx, t.on(ctx, q), q, args...)
 }
 func (t *sqlTx) QueryRow(ctx context.Context, q string, args ...any) sqlstore.Row {
-	return row{t.tx.QueryRowContext(ctx, q, args...)}
+	return row{t.on(ctx, q).QueryRowContext(ctx, q, args...)}
 }
 func (t *sqlTx) Query(ctx context.Context, q string, args ...any) (sqlstore.Rows, error) {
-	return query(ctx, t.tx, q, args...)
+	return query(ctx, t.on(ctx, q), q, args...)
 }
-func (t *sqlTx) Commit(context.Context) error { return t.tx.Commit() }
-func (t *sqlTx) Rollback(context.Context) error {
+func (t *sqlTx) Commit(ctx context.Context) error {
+	err := t.tx.Commit()
+	t.prepareMissed(ctx)
+	return err
+}
+func (t *sqlTx) Rollback(ctx context.Context) error {
 	err := t.tx.Rollback()
+	t.prepareMissed(ctx)
 	if errors.Is(err, sql.ErrTxDone) {
 		return nil
 	}
