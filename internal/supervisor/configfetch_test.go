@@ -57,9 +57,10 @@ func (c *seedClient) GetSandboxConfig(context.Context, *sandboxv1.GetSandboxConf
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.fetches++
-	resp := &sandboxv1.GetSandboxConfigResponse{Settings: c.settings, PolicySource: c.source}
+	resp := &sandboxv1.GetSandboxConfigResponse{Settings: c.settings, PolicySource: c.source, ConfigRevision: 7}
 	if p := c.served(); p != nil {
 		resp.Policy, resp.Version, resp.PolicyHash = p, 1, policyrules.Hash(p)
+		resp.ConfigRevision = 8
 	}
 	return resp, nil
 }
@@ -111,6 +112,12 @@ func TestFetchConfigSeed(t *testing.T) {
 			want, err := tc.c.GetSandboxConfig(t.Context(), nil)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if tc.wantFetches == 1 {
+				// Taken from UpdateConfig's answer: the new
+				// fingerprint is not known, and the first one's is
+				// not passed on as if it were.
+				want.ConfigRevision = 0
 			}
 			if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
 				t.Errorf("fetchConfig() differs from what the gateway serves (-want +got):\n%s", diff)

@@ -137,6 +137,9 @@ func seededConfig(first *sandboxv1.GetSandboxConfigResponse, seed *sandboxv1.San
 	}
 	resp := proto.Clone(first).(*sandboxv1.GetSandboxConfigResponse)
 	resp.Policy, resp.Version, resp.PolicyHash = seed, up.GetVersion(), up.GetPolicyHash()
+	// first's config_revision fingerprinted the configuration without
+	// the policy; the new one is not known without a fetch.
+	resp.ConfigRevision = 0
 	return resp
 }
 
