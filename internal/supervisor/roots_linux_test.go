@@ -175,3 +175,13 @@ func TestLoadUpstreamRootsTestCA(t *testing.T) {
 		t.Fatal("a missing test CA file is accepted")
 	}
 }
+
+// BenchmarkSystemRootFiles times reading the system roots' files, the
+// part of the roots a pivot_root waits for.
+func BenchmarkSystemRootFiles(b *testing.B) {
+	for b.Loop() {
+		if len(systemRootFiles("", "")) == 0 {
+			b.Skip("no system roots on this machine")
+		}
+	}
+}
