@@ -176,6 +176,42 @@ func TestLoadUpstreamRootsTestCA(t *testing.T) {
 	}
 }
 
+// TestUpstreamRootsParsedOnFirstUse: loading reads the files and parses
+// nothing; the first wait parses them, once, into the pool the later
+// calls return.
+func TestUpstreamRootsParsedOnFirstUse(t *testing.T) {
+	dir := t.TempDir()
+	bundle := filepath.Join(dir, "bundle.pem")
+	if err := os.WriteFile(bundle, testCertPEM(t, "root a"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SSL_CERT_FILE", bundle)
+	t.Setenv("SSL_CERT_DIR", filepath.Join(dir, "none"))
+	p, err := loadUpstreamRoots("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.waitRead()
+	if len(p.files) != 1 {
+		t.Fatalf("read %d files before first use, want the bundle unparsed", len(p.files))
+	}
+	// The files were read before a pivot_root: removing them now
+	// changes nothing.
+	if err := os.Remove(bundle); err != nil {
+		t.Fatal(err)
+	}
+	pool := p.wait()
+	if p.files != nil {
+		t.Error("the files' bytes are kept after parsing")
+	}
+	if got := pool.Subjects(); len(got) != 1 { //nolint:staticcheck // only to count the roots
+		t.Fatalf("pool holds %d roots, want 1", len(got))
+	}
+	if p.wait() != pool {
+		t.Error("a second wait built another pool")
+	}
+}
+
 // BenchmarkSystemRootFiles times reading the system roots' files, the
 // part of the roots a pivot_root waits for.
 func BenchmarkSystemRootFiles(b *testing.B) {

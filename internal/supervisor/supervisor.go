@@ -138,12 +138,12 @@ type Config struct {
 	// OnSessionAccepted, when set, is called after each SessionAccepted.
 	OnSessionAccepted func(sessionID string)
 
-	agentEnv      []string           // set by Serve: the egress proxy variables
-	upstreamRoots *x509.CertPool     // read by Serve before the namespace setup, parsed before the egress proxy starts
-	credentials   egress.Credentials // set by Serve: the provider placeholder resolver
-	egressMetrics *egress.Metrics    // set by Serve: the proxy's decision counters
-	policyLocal   *policyLocal       // set by Serve: serves policy.local through the proxy
-	beforePivot   func()             // set by Serve: called before enterSandboxRoot's pivot_root
+	agentEnv      []string              // set by Serve: the egress proxy variables
+	upstreamRoots func() *x509.CertPool // read by Serve before the namespace setup, parsed on first use
+	credentials   egress.Credentials    // set by Serve: the provider placeholder resolver
+	egressMetrics *egress.Metrics       // set by Serve: the proxy's decision counters
+	policyLocal   *policyLocal          // set by Serve: serves policy.local through the proxy
+	beforePivot   func()                // set by Serve: called before enterSandboxRoot's pivot_root
 
 	k8sSAToken string // preloaded from K8sSATokenFile
 }
@@ -390,11 +390,12 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	// supervisor's system roots (a root filesystem pivoted into later
 	// does not change them), read in the background while the sandbox
 	// root is assembled (the pivot waits for the reading) and parsed
-	// until the egress proxy starts.
+	// at the first TLS upstream.
 	roots, err := loadUpstreamRoots(cfg.EgressTestCAFile)
 	if err != nil {
 		return err
 	}
+	cfg.upstreamRoots = roots.wait
 	var rootsWait, connWait time.Duration
 	var conn *grpc.ClientConn
 	cfg.beforePivot = func() {
@@ -519,7 +520,7 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	}
 	pl := newPolicyLocal(ctx, log.With("component", "policy.local"), client, cfg.SandboxName)
 	cfg.policyLocal = pl
-	// The egress proxy starts (its roots parsed, its CA made) while the
+	// The egress proxy starts (its CA made) while the
 	// configuration is fetched; prepare waits for it. Serve's deferred
 	// calls wait for it before wg.Wait.
 	egReady := make(chan struct{})
@@ -529,7 +530,6 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	go func() {
 		defer close(egReady)
 		t0 := time.Now()
-		ecfg.upstreamRoots = roots.wait()
 		eg = startEgress(ctx, log.With("component", "egress"), ecfg, dialer, &wg)
 		egTook = time.Since(t0)
 		inferenceReady = pollInference(ctx, &wg, conn, eg.inference)

@@ -53,9 +53,11 @@ type Config struct {
 	// CA terminates TLS in CONNECT tunnels to endpoints with protocol
 	// rest; nil ends such TLS tunnels without forwarding.
 	CA *CA
-	// UpstreamRoots verifies upstream certificates of terminated tunnels
-	// (nil: the system roots).
-	UpstreamRoots *x509.CertPool
+	// UpstreamRoots returns the pool that verifies upstream certificates
+	// of terminated tunnels, called at each upstream handshake (so a pool
+	// built on first call costs nothing before the first one); nil or a
+	// nil pool: the system roots.
+	UpstreamRoots func() *x509.CertPool
 	// Metrics counts every decision; nil counts nothing.
 	Metrics *Metrics
 	// Credentials resolves credential placeholders in every HTTP request

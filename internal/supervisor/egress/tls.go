@@ -334,7 +334,11 @@ func (p *Proxy) terminate(c, client net.Conn, host string) (*tls.Conn, error) {
 // upstreamTLS opens TLS over the TCP connection of u to host, verified
 // against Config.UpstreamRoots; on failure u is closed.
 func (p *Proxy) upstreamTLS(u *upConn, host string, port uint32) (*upConn, error) {
-	utc := tls.Client(u.Conn, &tls.Config{ServerName: host, RootCAs: p.cfg.UpstreamRoots, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
+	var roots *x509.CertPool
+	if p.cfg.UpstreamRoots != nil {
+		roots = p.cfg.UpstreamRoots()
+	}
+	utc := tls.Client(u.Conn, &tls.Config{ServerName: host, RootCAs: roots, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
 	_ = u.SetDeadline(time.Now().Add(p.cfg.DialTimeout))
 	if err := utc.Handshake(); err != nil {
 		p.discard(u)

@@ -71,7 +71,7 @@ func startTerminating(t testing.TB, port uint32, upstreamRoots *x509.CertPool) (
 	rules := map[string]*sandboxv1.NetworkPolicyRule{"api": {Name: "api", Endpoints: []*sandboxv1.NetworkEndpoint{{
 		Host: "example.com", Port: port, AllowedIps: []string{"127.0.0.1"}, Protocol: "rest", Tls: "terminate", Enforcement: "enforce", Access: "read-only"}},
 		Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/curl"}}}}
-	tp := startProxy(t, Config{Resolver: loopbackResolver("example.com"), Identify: fixedCaller("/usr/bin/curl"), CA: ca, UpstreamRoots: upstreamRoots}, rules)
+	tp := startProxy(t, Config{Resolver: loopbackResolver("example.com"), Identify: fixedCaller("/usr/bin/curl"), CA: ca, UpstreamRoots: fixedRoots(upstreamRoots)}, rules)
 	return tp, ca
 }
 
@@ -84,6 +84,11 @@ func upstreamPool(u *tlsUpstream) *x509.CertPool {
 	pool := x509.NewCertPool()
 	pool.AddCert(u.srv.Certificate())
 	return pool
+}
+
+// fixedRoots is a Config.UpstreamRoots of pool.
+func fixedRoots(pool *x509.CertPool) func() *x509.CertPool {
+	return func() *x509.CertPool { return pool }
 }
 
 // TestProxyTerminatesTLS: a client trusting the sandbox CA reaches the
@@ -139,6 +144,39 @@ func TestProxyTerminatesTLS(t *testing.T) {
 	want := []string{fmt.Sprintf("GET /repos/x?token=secret host=example.com:%d proto=HTTP/1.1", u.port)}
 	if got := u.requests(); strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Fatalf("upstream saw %q, want %q", got, want)
+	}
+}
+
+// TestProxyUpstreamRootsAtHandshake: the proxy asks for its upstream
+// roots at a terminated tunnel's upstream handshake, not when it starts
+// (the supervisor parses them on that first call).
+func TestProxyUpstreamRootsAtHandshake(t *testing.T) {
+	u := newTLSUpstream(t)
+	ca, err := NewCA("test sandbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := map[string]*sandboxv1.NetworkPolicyRule{"api": {Name: "api", Endpoints: []*sandboxv1.NetworkEndpoint{{
+		Host: "example.com", Port: u.port, AllowedIps: []string{"127.0.0.1"}, Protocol: "rest", Enforcement: "enforce", Access: "read-only"}},
+		Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/curl"}}}}
+	var calls atomic.Int32
+	pool := upstreamPool(u)
+	tp := startProxy(t, Config{Resolver: loopbackResolver("example.com"), Identify: fixedCaller("/usr/bin/curl"), CA: ca,
+		UpstreamRoots: func() *x509.CertPool { calls.Add(1); return pool }}, rules)
+	if n := calls.Load(); n != 0 {
+		t.Fatalf("roots asked for %d times at start, want 0", n)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Certificate())
+	c := httpsClient(tp, roots)
+	defer c.CloseIdleConnections()
+	resp, err := c.Get(fmt.Sprintf("https://example.com:%d/x", u.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || calls.Load() == 0 {
+		t.Fatalf("GET = %d with roots asked for %d times, want 200 after asking", resp.StatusCode, calls.Load())
 	}
 }
 
@@ -206,7 +244,7 @@ func TestProxyRestDetectsTLS(t *testing.T) {
 		rules := map[string]*sandboxv1.NetworkPolicyRule{"api": {Name: "api", Endpoints: []*sandboxv1.NetworkEndpoint{{
 			Host: "example.com", Port: u.port, AllowedIps: []string{"127.0.0.1"}, Protocol: "rest", Tls: tc.tls, Enforcement: "enforce", Access: "read-only"}},
 			Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/curl"}}}}
-		tp := startProxy(t, Config{Resolver: loopbackResolver("example.com"), Identify: fixedCaller("/usr/bin/curl"), CA: tc.ca, UpstreamRoots: upstreamPool(u)}, rules)
+		tp := startProxy(t, Config{Resolver: loopbackResolver("example.com"), Identify: fixedCaller("/usr/bin/curl"), CA: tc.ca, UpstreamRoots: fixedRoots(upstreamPool(u))}, rules)
 		c := httpsClient(tp, roots)
 		resp, err := c.Get(fmt.Sprintf("https://example.com:%d/x", u.port))
 		got := 0
@@ -273,7 +311,7 @@ func TestProxyTLSSkip(t *testing.T) {
 	if n := snap.Notes(); len(n) != 2 || !strings.Contains(n[0], "REST rules apply to plain http:// requests only") {
 		t.Errorf("Notes() = %q, want one per tls skip REST endpoint", n)
 	}
-	tp := startProxy(t, Config{Resolver: loopbackResolver("example.com"), Identify: fixedCaller("/usr/bin/curl"), CA: ca, UpstreamRoots: upstreamPool(u)}, rules)
+	tp := startProxy(t, Config{Resolver: loopbackResolver("example.com"), Identify: fixedCaller("/usr/bin/curl"), CA: ca, UpstreamRoots: fixedRoots(upstreamPool(u))}, rules)
 
 	// HTTPS: the client sees the upstream's own certificate and its POST
 	// (refused by read-only if inspected) reaches the upstream.

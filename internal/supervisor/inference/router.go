@@ -39,6 +39,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -58,8 +59,11 @@ type Options struct {
 	// Dial opens upstream connections (from outside the sandbox's network
 	// namespace); nil dials directly.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	// RootCAs verify upstream certificates; nil is the system pool.
-	RootCAs *x509.CertPool
+	// RootCAs returns the pool that verifies upstream certificates,
+	// called once, at the first upstream request (so a pool built on
+	// first call costs nothing before it); nil or a nil pool: the system
+	// pool.
+	RootCAs func() *x509.CertPool
 }
 
 type bundle struct {
@@ -71,7 +75,7 @@ type bundle struct {
 type Router struct {
 	log    *slog.Logger
 	bundle atomic.Pointer[bundle]
-	client *http.Client
+	client func() *http.Client // built at the first upstream request
 }
 
 // New returns a router without routes (every request answers 503 until
@@ -80,9 +84,20 @@ func New(o Options) *Router {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	r := &Router{log: o.Logger, client: sync.OnceValue(func() *http.Client { return newClient(o) })}
+	r.bundle.Store(&bundle{})
+	return r
+}
+
+// newClient returns the client of upstream requests.
+func newClient(o Options) *http.Client {
+	var roots *x509.CertPool
+	if o.RootCAs != nil {
+		roots = o.RootCAs()
+	}
 	tr := &http.Transport{
 		DialContext:         o.Dial,
-		TLSClientConfig:     &tls.Config{RootCAs: o.RootCAs, MinVersion: tls.VersionTLS12},
+		TLSClientConfig:     &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
 		ForceAttemptHTTP2:   true,
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     90 * time.Second,
@@ -91,13 +106,11 @@ func New(o Options) *Router {
 	if tr.DialContext == nil {
 		tr.DialContext = (&net.Dialer{Timeout: 10 * time.Second}).DialContext
 	}
-	r := &Router{log: o.Logger, client: &http.Client{
+	return &http.Client{
 		Transport: tr,
 		// Redirects go back to the agent, never followed with the key.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}}
-	r.bundle.Store(&bundle{})
-	return r
+	}
 }
 
 // Set installs the routes of b for requests from now on; requests in
@@ -211,7 +224,7 @@ func (r *Router) forward(c net.Conn, req *http.Request, route *inferencev1.Resol
 	}
 	up.Header = domain.Headers(route, req.Header)
 	up.ContentLength = int64(len(body))
-	resp, err := r.client.Do(up)
+	resp, err := r.client().Do(up)
 	if err != nil {
 		d.status = http.StatusServiceUnavailable
 		d.reason = "upstream unavailable: " + upstreamError(err, timedOut.Load(), timeout)

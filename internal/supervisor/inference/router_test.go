@@ -3,6 +3,7 @@ package inference
 import (
 	"bufio"
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -305,5 +307,47 @@ func TestHTTP10Agent(t *testing.T) {
 	head, body, _ := strings.Cut(string(got), "\r\n\r\n")
 	if !strings.HasPrefix(head, "HTTP/1.1 200 OK") || strings.Contains(strings.ToLower(head), "chunked") || body != "data: one\n\ndata: two\n\n" {
 		t.Errorf("HTTP/1.0 answer = %q", got)
+	}
+}
+
+// TestRootsOnFirstRequest: the router asks for its roots at its first
+// upstream request, not before, and once; an HTTPS upstream is verified
+// against them: trusted it answers, with a pool that trusts nothing the
+// request fails closed (503, nothing reaches the upstream).
+func TestRootsOnFirstRequest(t *testing.T) {
+	for _, trusted := range []bool{true, false} {
+		var reached atomic.Int32
+		srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			reached.Add(1)
+			_, _ = io.WriteString(w, `{"ok":true}`)
+		}))
+		t.Cleanup(srv.Close)
+		pool := x509.NewCertPool()
+		if trusted {
+			pool.AddCert(srv.Certificate())
+		}
+		var calls atomic.Int32
+		r := New(Options{RootCAs: func() *x509.CertPool { calls.Add(1); return pool }})
+		r.Set(bundleOf(&inferencev1.ResolvedRoute{Name: "inference.local", BaseUrl: srv.URL + "/v1", Protocols: []string{"openai_chat_completions"}, ApiKey: "sk", ModelId: "m", ProviderType: "openai"}))
+		c := agentClient(serveProxy(t, r))
+		if n := calls.Load(); n != 0 {
+			t.Fatalf("roots asked for %d times before any request, want 0", n)
+		}
+		want := http.StatusOK
+		if !trusted {
+			want = http.StatusServiceUnavailable
+		}
+		for range 2 {
+			resp := post(t, c, "/v1/chat/completions", `{"messages":[]}`, nil)
+			if body := readAll(t, resp); resp.StatusCode != want {
+				t.Fatalf("trusted %v: chat = %d %q, want %d", trusted, resp.StatusCode, body, want)
+			}
+		}
+		if n := calls.Load(); n != 1 {
+			t.Errorf("trusted %v: roots asked for %d times, want 1", trusted, n)
+		}
+		if n, w := reached.Load(), map[bool]int32{true: 2, false: 0}[trusted]; n != w {
+			t.Errorf("trusted %v: upstream reached %d times, want %d", trusted, n, w)
+		}
 	}
 }
