@@ -22,9 +22,14 @@ sandbox_version=v0.5.6
 ldflags="-X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37"
 
 cd "$tools"
-export GOFLAGS=-mod=mod
+# CGO_ENABLED=0 as in node/build.sh: tools/ and node/tools/ resolve the same
+# versions, so with the same settings kubelet, kube-scheduler and
+# kube-controller-manager reuse the packages kube-apiserver compiled into
+# the build cache instead of compiling them again (cgo changes the build of
+# package net and with it of every package above it).
+export GOFLAGS=-mod=mod CGO_ENABLED=0
 gover="$(go env GOVERSION)"
-hash="$( { cat go.mod go.sum; echo "$gover $ldflags"; } | sha256sum | cut -c1-16)"
+hash="$( { cat go.mod go.sum; echo "$gover $ldflags CGO_ENABLED=0"; } | sha256sum | cut -c1-16)"
 bin="${OPENSHELL_K8S_BIN_DIR:-${HOME}/.cache/openshell-go/k8s/$hash/bin}"
 mkdir -p "$bin"
 bin="$(cd "$bin" && pwd)"
