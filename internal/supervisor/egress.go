@@ -120,9 +120,12 @@ type egressRunner struct {
 	fenceErr  error                          // why fenceAgents failed (wraps errAgentNetworkOpen)
 	inference *supinference.Router           // serves inference.local (nil when no proxy runs)
 
+	// snap is the snapshot load installed (its Rego decision prepared by
+	// prepareDecision once the sandbox is READY, or by its first decision).
+	snap atomic.Pointer[egress.Snapshot]
+
 	// The snapshot of a policy without network rules, compiled in the
-	// background from the start (compiling the Rego engine is the
-	// costliest part of loading a policy); nil done: not prepared.
+	// background from the start; nil done: not prepared.
 	noRulesDone chan struct{}
 	noRules     *egress.Snapshot
 	noRulesErr  error
@@ -441,8 +444,27 @@ func (e *egressRunner) load(p *sandboxv1.SandboxPolicy) error {
 	}
 	snap, err := e.compile(p)
 	e.proxy.SetSnapshot(snap) // leaves out what is not enforced: fail closed
+	e.snap.Store(snap)
 	e.logNotes(snap)
 	return e.withFence(err)
+}
+
+// prepareDecision prepares the Rego decision of the snapshot load
+// installed, in the background (wg joins it): the start leaves it for
+// after READY (it is the supervisor's own module, the user's rules its
+// data: nothing in it can fail on the policy), and a decision made
+// before it is done waits for it. A failure is logged; every decision
+// of that snapshot then denies.
+func (e *egressRunner) prepareDecision(wg *sync.WaitGroup) {
+	snap := e.snap.Load()
+	if snap == nil {
+		return
+	}
+	wg.Go(func() {
+		if err := snap.Prepare(); err != nil && e.log != nil {
+			e.log.Error("egress policy decision not prepared: every connection is denied", "err", err)
+		}
+	})
 }
 
 // logNotes logs what the network rules enforce less than a reader may
@@ -463,10 +485,14 @@ func (e *egressRunner) reload(p *sandboxv1.SandboxPolicy) error {
 		return e.withFence(e.why)
 	}
 	snap, err := e.compile(p)
+	if err == nil {
+		err = snap.Prepare() // before it replaces rules in force
+	}
 	if err != nil {
 		return e.withFence(fmt.Errorf("%w; the previous network rules stay in force", err))
 	}
 	e.proxy.SetSnapshot(snap)
+	e.snap.Store(snap)
 	e.logNotes(snap)
 	return e.withFence(nil)
 }

@@ -621,6 +621,8 @@ func Serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		sshSocket:  sockPath,
 		onAccepted: func(id string) {
 			gcResume()
+			<-egReady
+			eg.prepareDecision(&wg)
 			if cfg.OnSessionAccepted != nil {
 				cfg.OnSessionAccepted(id)
 			}

@@ -241,3 +241,49 @@ func TestDecisionMemo(t *testing.T) {
 		t.Errorf("a request past maxMemoKey evaluated %d times in 2 decisions, want 2", n)
 	}
 }
+
+// TestCompileLeavesPrepare: Compile prepares no Rego decision; the first
+// Decide prepares it, once, for every concurrent caller, and decides as a
+// prepared snapshot; a decision that cannot be prepared denies every
+// connection, naming the cause, and Prepare returns it.
+func TestCompileLeavesPrepare(t *testing.T) {
+	rules := map[string]*sandboxv1.NetworkPolicyRule{"r": {Name: "r", Endpoints: []*sandboxv1.NetworkEndpoint{ep("api.example.com", 443)}, Binaries: []*sandboxv1.NetworkBinary{{Path: "/usr/bin/curl"}}}}
+	s, err := Compile(rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.engine != nil {
+		t.Fatal("Compile prepared the Rego decision")
+	}
+	req := Request{Host: "api.example.com", Port: 443, Exe: "/usr/bin/curl"}
+	var wg sync.WaitGroup
+	engines := make([]*engine, 4)
+	for i := range engines {
+		wg.Go(func() {
+			if d := s.Decide(req); !d.Allow || d.Policy != "r" {
+				t.Errorf("Decide = %+v, want allowed by r", d)
+			}
+			engines[i] = s.engine
+		})
+	}
+	wg.Wait()
+	for _, e := range engines {
+		if e == nil || e != engines[0] {
+			t.Fatalf("engines %p, want one prepared engine", engines)
+		}
+	}
+	if err := s.Prepare(); err != nil || s.engine != engines[0] {
+		t.Fatalf("Prepare after Decide = %v, engine %p; want nil, the same engine", err, s.engine)
+	}
+
+	bad, err := compileRules("package openshell.egress\n\ndecision := {\"allow\": true, \"rule\": undefined_var}\n", rules)
+	if err != nil {
+		t.Fatalf("compileRules = %v; the module is not compiled yet", err)
+	}
+	if d := bad.Decide(req); d.Allow || !strings.Contains(d.Reason, "no policy decision: policy engine: ") {
+		t.Fatalf("Decide with a module that does not compile = %+v, want a denial naming the engine", d)
+	}
+	if err := bad.Prepare(); err == nil || !strings.Contains(err.Error(), "policy engine: ") {
+		t.Fatalf("Prepare = %v, want the compile error", err)
+	}
+}

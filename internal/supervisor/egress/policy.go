@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 
 	sandboxv1 "github.com/openshell-go/openshell/api/openshell/sandbox/v1"
 )
@@ -16,8 +17,24 @@ import (
 type Snapshot struct {
 	rules  []rule   // sorted by name, so the first match is the smallest name
 	notes  []string // what applies differently from what a reader may expect
-	engine *engine  // the Rego decision prepared for rules; nil when it failed
-	failed error    // why engine is nil: every connection is denied
+	module string   // the Rego decision's module (policyRego outside tests)
+
+	once   sync.Once // prepares engine, by Prepare or the first Decide
+	engine *engine   // the Rego decision prepared for rules; nil when it failed
+	failed error     // why engine is nil: every connection is denied
+}
+
+// Prepare prepares the generation's Rego decision (compiles the module
+// with the generation's rules stored as its data) unless that is done:
+// the first Decide does it otherwise, and waits for a Prepare under way.
+// It returns why it failed, the reason every decision of the generation
+// then denies. The module is the supervisor's own (nothing of the
+// user's policy is compiled: the rules are data), so Compile, which
+// checks everything of the policy, leaves this step for after the
+// sandbox is READY. Safe for concurrent use.
+func (s *Snapshot) Prepare() error {
+	s.once.Do(func() { s.engine, s.failed = newEngine(s.module, s.rules) })
+	return s.failed
 }
 
 // Notes lists what the snapshot enforces as written but less than a
@@ -74,16 +91,26 @@ type Decision struct {
 // is not enforced as written and must not be reported LOADED. The Snapshot
 // is usable either way: it leaves those endpoints out, so connections they
 // would have allowed are denied (fail closed) while the rest of the policy
-// applies. Compile also prepares the generation's Rego decision (once: each
-// Decide only evaluates it); when that fails the error says so and the
-// Snapshot denies every connection.
+// applies. The generation's Rego decision is prepared once, by Prepare or
+// the first Decide (each Decide then only evaluates it); when that fails
+// the Snapshot denies every connection, naming the cause.
 func Compile(rules map[string]*sandboxv1.NetworkPolicyRule) (*Snapshot, error) {
-	return compile(policyRego, rules)
+	return compileRules(policyRego, rules)
 }
 
-// compile is Compile with the Rego module given (tests give broken ones).
+// compile is Compile with the Rego module given (tests give broken ones)
+// and the decision prepared: its error is Prepare's when that fails.
 func compile(module string, rules map[string]*sandboxv1.NetworkPolicyRule) (*Snapshot, error) {
-	s := &Snapshot{}
+	s, err := compileRules(module, rules)
+	if perr := s.Prepare(); perr != nil {
+		return s, perr
+	}
+	return s, err
+}
+
+// compileRules is Compile with the Rego module given, not prepared.
+func compileRules(module string, rules map[string]*sandboxv1.NetworkPolicyRule) (*Snapshot, error) {
+	s := &Snapshot{module: module}
 	var problems []string
 	for _, key := range slices.Sorted(maps.Keys(rules)) {
 		r := rules[key]
@@ -133,9 +160,6 @@ func compile(module string, rules map[string]*sandboxv1.NetworkPolicyRule) (*Sna
 	// The first matching rule is the one with the smallest name (the map
 	// key breaks ties), as in OpenShell.
 	slices.SortStableFunc(s.rules, func(a, b rule) int { return strings.Compare(a.name, b.name) })
-	if s.engine, s.failed = newEngine(module, s.rules); s.failed != nil {
-		return s, s.failed // denies everything: never LOADED
-	}
 	if len(problems) > 0 {
 		return s, fmt.Errorf("%s: not implemented by the egress proxy, those endpoints are denied", strings.Join(problems, "; "))
 	}
@@ -208,8 +232,8 @@ func (s *Snapshot) Decide(r Request) Decision { return s.decision(r, true) }
 // decision is Decide, through the generation's memo of verdicts or not
 // (memo false: the evaluation's own cost, for BenchmarkDecide).
 func (s *Snapshot) decision(r Request, memo bool) Decision {
-	if s.engine == nil {
-		return Decision{Reason: fmt.Sprintf("no policy decision: %v", s.failed)}
+	if err := s.Prepare(); err != nil {
+		return Decision{Reason: fmt.Sprintf("no policy decision: %v", err)}
 	}
 	eval := s.engine.eval
 	if memo {

@@ -103,6 +103,9 @@ func mustCompile(t testing.TB, rules map[string]*sandboxv1.NetworkPolicyRule) *S
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := s.Prepare(); err != nil {
+		t.Fatal(err)
+	}
 	return s
 }
 
