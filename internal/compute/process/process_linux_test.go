@@ -48,8 +48,31 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	// Every test deletes what it created: a supervisor still running now
+	// was leaked (killed here, and the run fails).
+	if leaked := killLeaked(fakeSupervisor); len(leaked) > 0 {
+		fmt.Fprintf(os.Stderr, "supervisors left running by the tests (killed): pids %v\n", leaked)
+		code = 1
+	}
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// killLeaked kills every process running exe and returns their pids.
+func killLeaked(exe string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if target, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe")); err == nil && strings.TrimSuffix(target, " (deleted)") == exe {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -525,6 +548,7 @@ func TestUserNamespaceRanges(t *testing.T) {
 	}
 	d.Close()
 	d = open(t, state, nil)
+	cleanupSandboxes(t, d) // what this driver starts outlives the first one's cleanup
 	if err := d.Start(t.Context(), compute.Ref{ID: a.ID}); err != nil {
 		t.Fatal(err)
 	}
@@ -575,6 +599,7 @@ func TestStopStartKeepsWorkspace(t *testing.T) {
 	// Stopped state is persisted: a new driver keeps it stopped.
 	d.Close()
 	d = open(t, state, nil)
+	cleanupSandboxes(t, d)
 	got, err := d.Get(t.Context(), compute.Ref{ID: sb.ID})
 	if err != nil || !computetest.IsStopped(got) {
 		t.Fatalf("Get after reopen = %+v, %v, want stopped", got.Status, err)
