@@ -181,22 +181,7 @@ func BenchmarkConnect(b *testing.B) {
 	// io.Copy, which splices TCP to TCP through a pipe (what the proxy
 	// did before pump; slower on loopback).
 	bareRelay := func(b *testing.B, cp func(dst, src net.Conn)) {
-		relay := loopbackServer(b, func(c net.Conn) {
-			up, err := net.Dial("tcp", sink.Addr().String())
-			if err != nil {
-				c.Close()
-				return
-			}
-			go func() {
-				defer c.Close()
-				defer up.Close()
-				done := make(chan struct{})
-				go func() { cp(c, up); _ = c.(*net.TCPConn).CloseWrite(); close(done) }()
-				cp(up, c)
-				_ = up.(*net.TCPConn).CloseWrite()
-				<-done
-			}()
-		})
+		relay := startBareRelay(b, sink.Addr().String(), cp)
 		buf := make([]byte, 64<<10)
 		var r benchRun
 		for b.Loop() {
@@ -289,4 +274,26 @@ func startInPIDNamespace(b testing.TB, cmd *exec.Cmd) (io.WriteCloser, io.Reader
 	}
 	b.Cleanup(func() { in.Close(); _ = ucmd.Process.Kill(); _ = ucmd.Wait() })
 	return in, out, fmt.Sprintf("/proc/%d/root/proc", ucmd.Process.Pid)
+}
+
+// startBareRelay serves a relay to target on loopback that copies with
+// cp both ways (half-closing each direction at its end): no CONNECT, no
+// identification, no decision, the floor of any proxy's data path.
+func startBareRelay(tb testing.TB, target string, cp func(dst, src net.Conn)) net.Listener {
+	return loopbackServer(tb, func(c net.Conn) {
+		up, err := net.Dial("tcp", target)
+		if err != nil {
+			c.Close()
+			return
+		}
+		go func() {
+			defer c.Close()
+			defer up.Close()
+			done := make(chan struct{})
+			go func() { cp(c, up); _ = c.(*net.TCPConn).CloseWrite(); close(done) }()
+			cp(up, c)
+			_ = up.(*net.TCPConn).CloseWrite()
+			<-done
+		}()
+	})
 }

@@ -288,21 +288,7 @@ func BenchmarkL7Requests(b *testing.B) {
 		}
 		return time.Since(t0)
 	}
-	relay := loopbackServer(b, func(c net.Conn) {
-		up, err := net.Dial("tcp", srv.Listener.Addr().String())
-		if err != nil {
-			c.Close()
-			return
-		}
-		go func() {
-			defer c.Close()
-			defer up.Close()
-			done := make(chan struct{})
-			go func() { pump(c, up); close(done) }()
-			pump(up, c)
-			<-done
-		}()
-	})
+	relay := startBareRelay(b, srv.Listener.Addr().String(), pump)
 	direct := &http.Client{Transport: &http.Transport{}}
 	proxied := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(tp.url)}}
 	relayed := &http.Client{Transport: &http.Transport{}}
