@@ -157,21 +157,10 @@ func BenchmarkConnect(b *testing.B) {
 		b.ReportMetric(float64(fdCount(root)), "fds")
 	}
 
+	direct := func() (net.Conn, error) { return net.Dial("tcp", sink.Addr().String()) }
 	b.Run("host", func(b *testing.B) {
 		tp, idP50 := start(b, &ProcIdentifier{Root: "/proc", Self: -1}) // the benchmark itself is the caller
-		buf := make([]byte, 64<<10)
-		var r benchRun
-		for b.Loop() {
-			sd, xd, err := measureConn(func() (net.Conn, error) { return net.Dial("tcp", sink.Addr().String()) }, buf)
-			if err != nil {
-				b.Fatal(err)
-			}
-			sp, xp, err := measureConn(func() (net.Conn, error) { return connectVia(tp.url.Host, authority) }, buf)
-			if err != nil {
-				b.Fatal(err)
-			}
-			r.add(sd, xd, sp, xp)
-		}
+		r := measurePairs(b, direct, func() (net.Conn, error) { return connectVia(tp.url.Host, authority) })
 		report(b, r, idP50(), "/proc")
 	})
 
@@ -182,19 +171,7 @@ func BenchmarkConnect(b *testing.B) {
 	// did before pump; slower on loopback).
 	bareRelay := func(b *testing.B, cp func(dst, src net.Conn)) {
 		relay := startBareRelay(b, sink.Addr().String(), cp)
-		buf := make([]byte, 64<<10)
-		var r benchRun
-		for b.Loop() {
-			sd, xd, err := measureConn(func() (net.Conn, error) { return net.Dial("tcp", sink.Addr().String()) }, buf)
-			if err != nil {
-				b.Fatal(err)
-			}
-			sp, xp, err := measureConn(func() (net.Conn, error) { return net.Dial("tcp", relay.Addr().String()) }, buf)
-			if err != nil {
-				b.Fatal(err)
-			}
-			r.add(sd, xd, sp, xp)
-		}
+		r := measurePairs(b, direct, func() (net.Conn, error) { return net.Dial("tcp", relay.Addr().String()) })
 		mbps := func(x time.Duration) float64 { return float64(benchPerConn*len(r.setupD)) / x.Seconds() / 1e6 }
 		b.ReportMetric(mbps(r.xferP)/mbps(r.xferD), "x-direct")
 	}
@@ -226,6 +203,25 @@ func BenchmarkConnect(b *testing.B) {
 		}
 		report(b, r, idP50(), id.Root)
 	})
+}
+
+// measurePairs measures, per benchmark iteration, one connection made
+// by direct and then one made by via.
+func measurePairs(b *testing.B, direct, via func() (net.Conn, error)) benchRun {
+	buf := make([]byte, 64<<10)
+	var r benchRun
+	for b.Loop() {
+		sd, xd, err := measureConn(direct, buf)
+		if err != nil {
+			b.Fatal(err)
+		}
+		sp, xp, err := measureConn(via, buf)
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.add(sd, xd, sp, xp)
+	}
+	return r
 }
 
 // benchRun accumulates BenchmarkConnect's measurements.
